@@ -1,0 +1,122 @@
+"""GNN layers whose aggregation is "the SpMM the runtime provides".
+
+A layer never touches the graph itself: it receives an *aggregation operator* ``op`` with
+
+- ``op(h)`` → Â·h with autograd (shape ``(op.num_dst, f)`` from ``(op.num_src, f)``), and
+- ``op.num_dst`` — the first ``num_dst`` rows of ``h`` are the destination nodes themselves
+  (equal to ``num_src`` in full-batch training; smaller in a sampled bipartite block).
+
+The serial runtime passes a :class:`gnnpar.kernels.local.SparseOperator`; the distributed
+runtimes pass operators that run 1D/1.5D/2D/3D SpMM over a process grid; mini-batch training
+passes one sampled block per layer. The same model code runs on all of them unchanged.
+
+Which Â a model wants is its ``norm`` attribute (``"gcn"``, ``"mean"`` or ``"sum"``; see
+``gnnpar.datasets.normalize``).
+
+Example: a custom GNN (scripts/custom_gnn.py has a runnable version)::
+
+    class SumMLP(torch.nn.Module):
+        norm = "sum"
+        def __init__(self, f_in, f_out):
+            super().__init__()
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(f_in, f_out), torch.nn.ReLU())
+        def forward(self, op, h):
+            return self.mlp(op(h) + h[:op.num_dst])
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class GCNLayer(nn.Module):
+    """GCN layer (Kipf & Welling 2017): Z = Â · H · W + b, Â = D̃^{-1/2}(A+I)D̃^{-1/2}.
+
+    Â·(H·W) = (Â·H)·W, so the SpMM runs at the narrower of ``f_in`` and ``f_out``.
+
+    Shapes: H (num_src, f_in) → Z (num_dst, f_out).
+    """
+
+    norm = "gcn"
+
+    def __init__(self, f_in: int, f_out: int, bias: bool = True):
+        super().__init__()
+        self.lin = nn.Linear(f_in, f_out, bias=False)
+        self.bias = nn.Parameter(torch.zeros(f_out)) if bias else None
+
+    def forward(self, op, h: torch.Tensor) -> torch.Tensor:
+        if self.lin.in_features <= self.lin.out_features:
+            z = self.lin(op(h))
+        else:
+            z = op(self.lin(h))
+        return z if self.bias is None else z + self.bias
+
+
+class SAGELayer(nn.Module):
+    """GraphSAGE layer, mean aggregation (Hamilton et al. 2017):
+    Z = (D⁻¹A·H)·W_neigh + H_dst·W_root + b.
+
+    Shapes: H (num_src, f_in) → Z (num_dst, f_out); H_dst = H[:num_dst].
+    """
+
+    norm = "mean"
+
+    def __init__(self, f_in: int, f_out: int, bias: bool = True):
+        super().__init__()
+        self.lin_neigh = nn.Linear(f_in, f_out, bias=bias)
+        self.lin_root = nn.Linear(f_in, f_out, bias=False)
+
+    def forward(self, op, h: torch.Tensor) -> torch.Tensor:
+        h_dst = h[:op.num_dst]
+        if self.lin_neigh.in_features <= self.lin_neigh.out_features:
+            neigh = self.lin_neigh(op(h))
+        else:
+            neigh = op(h @ self.lin_neigh.weight.t())
+            if self.lin_neigh.bias is not None:
+                neigh = neigh + self.lin_neigh.bias
+        return neigh + self.lin_root(h_dst)
+
+
+LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}
+
+Ops = Union[object, Sequence[object]]
+
+
+class GNN(nn.Module):
+    """A stack of layers with ReLU and dropout between them.
+
+    ``forward(ops, x)``: ``ops`` is one operator used by every layer (full batch) or a list with
+    one operator per layer (mini-batch blocks, outermost first).
+    """
+
+    def __init__(self, kind: str, f_in: int, hidden: int, f_out: int, layers: int = 2,
+                 dropout: float = 0.5):
+        super().__init__()
+        if kind not in LAYERS:
+            raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(LAYERS)}")
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}")
+        layer = LAYERS[kind]
+        self.kind, self.norm, self.dropout = kind, layer.norm, dropout
+        widths = [f_in] + [hidden] * (layers - 1) + [f_out]
+        self.layers = nn.ModuleList(layer(a, b) for a, b in zip(widths[:-1], widths[1:]))
+
+    def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
+        per_layer = isinstance(ops, (list, tuple))
+        if per_layer and len(ops) != len(self.layers):
+            raise ValueError(f"got {len(ops)} operators for {len(self.layers)} layers")
+        h = x
+        for i, layer in enumerate(self.layers):
+            if self.dropout > 0:
+                h = F.dropout(h, self.dropout, self.training)
+            h = layer(ops[i] if per_layer else ops, h)
+            if i < len(self.layers) - 1:
+                h = F.relu(h)
+        return h
+
+
+def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float) -> GNN:
+    return GNN(kind, f_in, hidden, f_out, layers, dropout)

@@ -1,0 +1,83 @@
+"""Command-line options of ``gnnpar-train``: each flag's help gives its default and unit."""
+from __future__ import annotations
+
+import argparse
+
+from gnnpar.datasets import InputError
+
+# Flags of later stages: accepted by the parser, refused with a clear "not yet" until built.
+# name -> the value that means "not used"
+RESERVED = {
+    "algo": "serial", "nprocs": None, "grid": None, "replication": None, "partitioner": None,
+    "partition_dir": None, "mode": "fullbatch", "fanouts": None, "batch_size": None,
+    "macrobatch": None, "backend": "auto", "checkpoint_dir": None, "resume": False,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gnnpar-train",
+        description="Train a GCN or GraphSAGE model, serially or distributed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = p.add_argument_group("data")
+    d.add_argument("--dataset", default=None,
+                   help="dataset spec: rmat:scale=S,ef=E | sbm:n=N,blocks=B,p_in=P,p_out=Q | "
+                        "npz:PATH | ogb:DIR | cache:DIR (default: a small SBM)")
+    d.add_argument("--directed", action="store_true",
+                   help="keep npz/ogb edges as given instead of symmetrising them")
+    d.add_argument("--cache-dir", default=None,
+                   help="binary cache folder: a second load of the same spec reads it")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
+    m.add_argument("--layers", type=int, default=2, help="number of GNN layers")
+    m.add_argument("--hidden", type=int, default=64, help="hidden width (features)")
+    m.add_argument("--dropout", type=float, default=0.5, help="dropout probability")
+    t = p.add_argument_group("training")
+    t.add_argument("--epochs", type=int, default=100, help="full-batch epochs")
+    t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
+    t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay")
+    t.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto = cuda when available")
+    t.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per rank (default: cores / ranks)")
+    o = p.add_argument_group("output")
+    o.add_argument("--log-json", default=None, help="write one JSON object per epoch to PATH")
+    o.add_argument("--save-model", default=None, help="save the trained weights to PATH")
+    o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    r = p.add_argument_group("distributed (later stages; reserved)")
+    r.add_argument("--algo", default="serial",
+                   help="serial | 1d | 1d-halo | 1.5d | 2d | 3d | 4d | auto")
+    r.add_argument("--nprocs", type=int, default=None, help="spawn N local ranks")
+    r.add_argument("--grid", default=None, help="process grid AxB[xC]")
+    r.add_argument("--replication", type=int, default=None, help="1.5D replication factor c")
+    r.add_argument("--partitioner", default=None, help="block | random | metis | kaminpar")
+    r.add_argument("--partition-dir", default=None, help="folder of per-rank shards")
+    r.add_argument("--mode", default="fullbatch", help="fullbatch | minibatch")
+    r.add_argument("--fanouts", default=None, help="per-layer fanouts, e.g. 15,10,5")
+    r.add_argument("--batch-size", type=int, default=None, help="seed nodes per minibatch")
+    r.add_argument("--macrobatch", type=int, default=None, help="minibatches sampled at once")
+    r.add_argument("--backend", default="auto", help="auto | gloo | nccl | mpi")
+    r.add_argument("--checkpoint-dir", default=None, help="folder for checkpoints")
+    r.add_argument("--resume", action="store_true", help="resume from the newest checkpoint")
+    return p
+
+
+def check_args(args) -> None:
+    """Refuse values that cannot work, with the flag's name in the message."""
+    for name, value in (("layers", args.layers), ("hidden", args.hidden)):
+        if value < 1:
+            raise InputError(f"--{name} must be >= 1, got {value}")
+    if args.epochs < 0:
+        raise InputError(f"--epochs must be >= 0, got {args.epochs}")
+    if not 0.0 <= args.dropout < 1.0:
+        raise InputError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.lr <= 0:
+        raise InputError(f"--lr must be > 0, got {args.lr}")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {args.threads}")
+    for name, unused in RESERVED.items():
+        if getattr(args, name) != unused:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(f"{flag} is not implemented yet in this version of gnnpar")

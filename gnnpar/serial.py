@@ -1,0 +1,26 @@
+"""The serial runtime: the whole graph on one device. The reference every distributed
+algorithm is tested against."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import Graph
+from gnnpar.datasets.normalize import propagation_matrix
+from gnnpar.kernels.local import SparseOperator
+
+from .trainer import SerialComm
+
+
+class SerialRuntime(SerialComm):
+    """Whole-graph data and the local SpMM operator for normalisation ``norm``."""
+
+    def __init__(self, graph: Graph, norm: str, device="cpu"):
+        self.device = torch.device(device)
+        indptr, indices, values = propagation_matrix(graph, norm)
+        n = graph.num_nodes
+        self.op = SparseOperator(indptr, indices, values, (n, n), self.device)
+        self.x = torch.as_tensor(np.asarray(graph.x, dtype=np.float32)).to(self.device)
+        self.y = torch.as_tensor(np.asarray(graph.y, dtype=np.int64)).to(self.device)
+        self.masks = {s: torch.as_tensor(np.asarray(getattr(graph, f"{s}_mask"))).to(self.device)
+                      for s in ("train", "val", "test")}

@@ -1,0 +1,78 @@
+"""Local (single-process) sparse × dense products with an explicit backward.
+
+``Z = Â · H`` with Â an ``n_dst × n_src`` CSR matrix. The backward needs ``Âᵀ · G``; torch's
+implicit transpose of a CSR matrix is slow (it is a CSC walk), so :class:`SparseOperator` keeps
+Âᵀ as its own CSR, built once. Nothing here assumes Â is symmetric (SAGE's mean aggregation
+is not, nor is GCN on a directed graph).
+
+Shapes: ``H`` (n_src, f) → ``Z`` (n_dst, f); backward ``G`` (n_dst, f) → (n_src, f).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+# torch warns once per process that sparse CSR is "beta"; the ops used here are stable.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
+    """A torch sparse CSR tensor from numpy/torch arrays (int64 indices, float32 values)."""
+    crow = torch.as_tensor(np.asarray(indptr, dtype=np.int64))
+    col = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    val = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    return torch.sparse_csr_tensor(crow, col, val, size=tuple(shape), device=device,
+                                   check_invariants=False)
+
+
+def transpose_csr(indptr, indices, values, shape):
+    """CSR arrays of the transpose (a counting sort by column; stable, so exact)."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    indices = np.asarray(indices, dtype=np.int64)
+    n_dst, n_src = shape
+    rows = np.repeat(np.arange(n_dst, dtype=np.int64), np.diff(indptr))
+    order = np.argsort(indices, kind="stable")
+    t_indptr = np.zeros(n_src + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices, minlength=n_src), out=t_indptr[1:])
+    return t_indptr, rows[order], np.asarray(values)[order]
+
+
+class SparseOperator:
+    """Â and Âᵀ as CSR tensors on one device: ``op.matmul(H)`` = Â·H with autograd.
+
+    ``num_dst``/``num_src`` are Â's shape. Bipartite blocks (mini-batch) use the convention
+    that the first ``num_dst`` source rows are the destination nodes themselves.
+    """
+
+    def __init__(self, indptr, indices, values, shape, device=None):
+        self.num_dst, self.num_src = int(shape[0]), int(shape[1])
+        self.nnz = int(np.asarray(indices).shape[0])
+        self.A = csr_tensor(indptr, indices, values, shape, device)
+        self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape),
+                             (self.num_src, self.num_dst), device)
+
+    def to(self, device) -> "SparseOperator":
+        self.A, self.AT = self.A.to(device), self.AT.to(device)
+        return self
+
+    def matmul(self, h: torch.Tensor) -> torch.Tensor:
+        return LocalSpMM.apply(h, self)
+
+    __call__ = matmul
+
+
+class LocalSpMM(torch.autograd.Function):
+    """Z = Â·H; dH = Âᵀ·G through the stored transpose (skipped when H needs no gradient)."""
+
+    @staticmethod
+    def forward(ctx, h, op: SparseOperator):
+        ctx.op = op
+        return torch.sparse.mm(op.A, h)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        return torch.sparse.mm(ctx.op.AT, grad.contiguous()), None
