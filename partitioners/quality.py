@@ -1,0 +1,104 @@
+"""Partition quality: what a partition costs the distributed kernels.
+
+All counts are over the propagation structure S = A' + I (the matrix every kernel multiplies;
+its self loops never cross parts) unless said otherwise. For a partition into P parts:
+
+- ``edge_cut`` / ``edge_cut_fraction``: off-diagonal non-zeros of S whose row and column have
+  different owners, and their share of all off-diagonal non-zeros;
+- ``vertex_balance`` = max / mean of part sizes; ``edge_balance`` = max / mean of the non-zeros
+  of each part's rows of S (a local SpMM's work);
+- ``halo`` per part: the number of distinct columns of the part's rows owned by other parts, i.e.
+  the H rows sparsity-aware 1D must receive per SpMM; ``halo_total`` and ``halo_max``;
+- ``bytes_allgather`` = (P-1) * n * f * 4: every rank receives every other rank's H rows (the
+  1D all-gather, all ranks together, one SpMM, float32); ``bytes_halo`` = halo_total * f * 4;
+- with a grid: max/mean non-zeros per grid rank with and without the random permutation.
+
+:func:`halo_counts` is the single definition of the halo used by the shards' tests and the
+benchmark.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gnnpar.datasets import Graph
+from gnnpar.datasets.normalize import union_structure
+
+from .grid import GridSpec, nnz_balance
+from .partition import Partition
+
+FLOAT_BYTES = 4
+
+
+def halo_counts(indptr, indices, owner: np.ndarray, parts: int) -> np.ndarray:
+    """Distinct remote columns of each part's rows, (parts,) int64."""
+    n = owner.shape[0]
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(np.asarray(indptr)))
+    cols = np.asarray(indices, dtype=np.int64)
+    row_part = owner[rows].astype(np.int64)
+    remote = row_part != owner[cols]
+    keys = np.unique(row_part[remote] * n + cols[remote])
+    return np.bincount(keys // max(n, 1), minlength=parts).astype(np.int64)
+
+
+def _ratio(values: np.ndarray) -> float:
+    mean = float(values.mean()) if values.size else 0.0
+    return float(values.max() / mean) if mean > 0 else 1.0
+
+
+def report(graph: Graph, partition: Partition, feat_width: int = 128, grid=None,
+           structure=None) -> dict:
+    """Quality figures of ``partition`` on ``graph`` (see module docstring); JSON-ready dict.
+
+    ``grid`` (a :class:`GridSpec`, or dims like ``(2, 3)``) adds non-zeros per grid rank.
+    ``structure`` lets a caller pass an already built ``union_structure(graph)``.
+    """
+    indptr, indices, _ = structure if structure is not None else union_structure(graph)
+    n, P = graph.num_nodes, partition.num_parts
+    owner = partition.owner
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    off_diag = rows != indices
+    cross = owner[rows] != owner[indices]
+    cut = int(np.count_nonzero(cross))
+    off = int(np.count_nonzero(off_diag))
+    part_nnz = np.bincount(owner[rows], minlength=P).astype(np.int64)
+    halo = halo_counts(indptr, indices, owner, P)
+    f = int(feat_width)
+    out = {
+        "method": partition.method, "seed": partition.seed, "parts": P, "n": n,
+        "nnz": int(indices.shape[0]), "edge_cut": cut,
+        "edge_cut_fraction": cut / off if off else 0.0,
+        "vertex_balance": _ratio(partition.sizes.astype(np.float64)),
+        "edge_balance": _ratio(part_nnz.astype(np.float64)),
+        "sizes_min": int(partition.sizes.min()), "sizes_max": int(partition.sizes.max()),
+        "halo": [int(h) for h in halo], "halo_total": int(halo.sum()), "halo_max": int(halo.max()),
+        "feat_width": f,
+        "bytes_allgather": (P - 1) * n * f * FLOAT_BYTES,
+        "bytes_halo": int(halo.sum()) * f * FLOAT_BYTES,
+        "bytes_halo_max_rank": int(halo.max()) * f * FLOAT_BYTES,
+    }
+    out["halo_over_allgather"] = (out["bytes_halo"] / out["bytes_allgather"]
+                                  if out["bytes_allgather"] else 0.0)
+    if grid is not None:
+        spec = grid if isinstance(grid, GridSpec) else GridSpec(tuple(grid))
+        out["grid"] = "x".join(map(str, spec.dims))
+        out["grid_nnz"] = nnz_balance(indptr, indices, n, spec, partition, seed=spec.seed)
+    return out
+
+
+def format_report(rep: dict) -> str:
+    """Human-readable lines of a :func:`report` dict."""
+    mib = 1 << 20
+    lines = [
+        f"method={rep['method']} parts={rep['parts']} seed={rep['seed']} n={rep['n']:,} nnz(A'+I)={rep['nnz']:,}",
+        f"edge cut: {rep['edge_cut']:,} ({100 * rep['edge_cut_fraction']:.2f}% of off-diagonal non-zeros)",
+        f"balance (max/mean): vertices {rep['vertex_balance']:.3f}, edges {rep['edge_balance']:.3f}"
+        f" (part sizes {rep['sizes_min']:,}..{rep['sizes_max']:,})",
+        f"halo rows: total {rep['halo_total']:,}, max per part {rep['halo_max']:,}",
+        f"bytes per SpMM at f={rep['feat_width']}: 1D all-gather {rep['bytes_allgather'] / mib:,.1f} MiB, "
+        f"halo exchange {rep['bytes_halo'] / mib:,.1f} MiB ({100 * rep['halo_over_allgather']:.1f}%)",
+    ]
+    if "grid_nnz" in rep:
+        g = rep["grid_nnz"]
+        lines.append(f"grid {rep['grid']} non-zeros per rank max/mean: {g['before']['max_over_mean']:.3f} "
+                     f"in partition order, {g['after']['max_over_mean']:.3f} randomly permuted")
+    return "\n".join(lines)

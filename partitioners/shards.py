@@ -1,0 +1,333 @@
+"""Per-rank shards on disk: the format every distributed kernel and the mini-batch service read.
+
+Layout of ``OUT`` after ``write_shards(graph, partition, OUT)`` (format_version 1)::
+
+    OUT/meta.json                 written last, atomically: the directory is valid only with it
+    OUT/part-00000/ ... part-<P-1>/   one folder per rank, each renamed into place when complete
+        part.json                 manifest: rank, run_id, byte size of every file below
+        global_ids.npy            int64 (n_local,)   owned global ids, ascending = local order
+        indptr.npy, indices.npy   int64              rank's rows of S = A' + I; columns
+                                                     [0, n_local) owned, [n_local, +n_halo) halo
+        values_<kind>.npy         float32 (nnz,)     Â of each norm, computed on the whole graph
+        raw_weight.npy            float32 (nnz,)     S's raw weights (float64 if A's are)
+        orig_edge.npy             bool (nnz,)        entry is an edge of A (not an added loop)
+        halo_ids.npy              int64 (n_halo,)    by owner rank, then ascending global id
+        recv_counts.npy           int64 (P,)         halo rows coming from each rank
+        send_counts.npy           int64 (P,)         rows sent to each rank
+        send_local.npy            int64              local ids to send, grouped by destination,
+                                                     each group in the receiver's halo order
+        x.npy y.npy train_mask.npy val_mask.npy test_mask.npy   owned rows
+        grid/<orientation>/       with a grid: see :mod:`gnnpar.partitioners.grid`
+    OUT/grid/                     with a grid: order.npy and node data in grid order
+
+``meta.json`` holds ``format_version``, ``run_id``, ``fingerprint`` (``Graph.fingerprint()``),
+``method``, ``parts``, ``seed``, ``balance``, ``imbalance``, ``n``, ``m``, ``nnz``,
+``num_features``, ``num_classes``, ``sizes``, ``norms``, ``grid`` and what :func:`reassemble`
+needs to rebuild the graph (``weighted``, dtypes, ``canonical_csr``).
+
+Consistency: for ranks q != r, ``halo_ids`` of q restricted to owner r equals
+``global_ids[send_local[group q]]`` of r. Crash safety: folders are written as
+``part-0000k.tmp-<pid>`` and renamed; ``meta.json`` is removed before a rewrite starts and written
+after every folder is in place; each ``part.json`` carries the ``run_id`` of its write, so a
+folder from another write, a missing or truncated file, or a missing ``meta.json`` is refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+
+import numpy as np
+
+from gnnpar.datasets import Graph, InputError
+
+from .grid import LocalBlock
+from .partition import Partition
+from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards  # noqa: F401
+
+FORMAT_VERSION = 1
+META = "meta.json"
+MANIFEST = "part.json"
+GRID_DIR = "grid"
+GRID_MANIFEST = "grid.json"
+_PART_RE = re.compile(r"^part-(\d{5,})$")
+_CHUNK_ROWS = 1 << 18
+
+
+def part_dir(out_dir: str, rank: int) -> str:
+    return os.path.join(out_dir, f"part-{rank:05d}")
+
+
+def _save(folder: str, rel: str, arr, files: dict) -> None:
+    path = os.path.join(folder, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.save(path, np.ascontiguousarray(arr))
+    files[rel] = os.path.getsize(path)
+
+
+def _write_json_atomic(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _move_into_place(tmp: str, final: str) -> None:
+    """Rename a finished folder to its final name, replacing an older one."""
+    if os.path.exists(final):
+        old = f"{final}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+
+
+def _shard_files(shard: Shard) -> dict:
+    """relative path -> array of one shard, as written to disk."""
+    files = {"global_ids.npy": shard.global_ids, "indptr.npy": shard.indptr,
+             "indices.npy": shard.indices, "raw_weight.npy": shard.raw_weight,
+             "orig_edge.npy": shard.orig_edge, "halo_ids.npy": shard.halo_ids,
+             "recv_counts.npy": shard.recv_counts, "send_counts.npy": shard.send_counts,
+             "send_local.npy": shard.send_local}
+    files.update({f"values_{k}.npy": v for k, v in shard.values.items()})
+    files.update({f"{name}.npy": getattr(shard, name) for name in NODE_ARRAYS})
+    for name, block in shard.grid_blocks.items():
+        files[f"{GRID_DIR}/{name}/indptr.npy"] = block.indptr
+        files[f"{GRID_DIR}/{name}/indices.npy"] = block.indices
+        files.update({f"{GRID_DIR}/{name}/values_{k}.npy": v for k, v in block.values.items()})
+    return files
+
+
+def _write_folder(final: str, arrays: dict, manifest: dict, manifest_name: str) -> None:
+    tmp = f"{final}.tmp-{os.getpid()}"
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    files = {}
+    for rel, arr in arrays.items():
+        _save(tmp, rel, arr, files)
+    with open(os.path.join(tmp, manifest_name), "w") as f:
+        json.dump({**manifest, "files": files}, f, indent=1)
+    _move_into_place(tmp, final)
+
+
+def _write_grid_nodes(out_dir: str, graph: Graph, order: np.ndarray, run_id: str) -> None:
+    """OUT/grid/: order.npy and node arrays in grid order, filled in chunks of rows."""
+    final = os.path.join(out_dir, GRID_DIR)
+    tmp = f"{final}.tmp-{os.getpid()}"
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    files = {}
+    _save(tmp, "order.npy", order, files)
+    for name in NODE_ARRAYS:
+        src = np.asarray(getattr(graph, name))
+        path = os.path.join(tmp, f"{name}.npy")
+        dst = np.lib.format.open_memmap(path, mode="w+", dtype=src.dtype, shape=src.shape)
+        for start in range(0, order.shape[0], _CHUNK_ROWS):
+            dst[start:start + _CHUNK_ROWS] = src[order[start:start + _CHUNK_ROWS]]
+        dst.flush()
+        del dst
+        files[f"{name}.npy"] = os.path.getsize(path)
+    with open(os.path.join(tmp, GRID_MANIFEST), "w") as f:
+        json.dump({"run_id": run_id, "files": files}, f, indent=1)
+    _move_into_place(tmp, final)
+
+
+def _is_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Columns strictly increasing inside every row (sorted, no duplicates)."""
+    if indices.shape[0] < 2:
+        return True
+    step_ok = np.diff(indices) > 0
+    row_start = np.zeros(indices.shape[0], bool)
+    row_start[indptr[1:-1][indptr[1:-1] < indices.shape[0]]] = True
+    return bool(np.all(step_ok | row_start[1:]))
+
+
+def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn", "mean"),
+                 grid=None, progress=None) -> dict:
+    """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
+
+    Global arrays (S, its values, its transpose) are computed once; parts are then cut and
+    written one at a time, so only one part's arrays exist at once besides them. ``grid`` is a
+    :class:`GridSpec`, dims like ``(2, 2)`` or a string ``"2x2x2"``; its size must equal the
+    part count. ``progress(msg)`` is called before each long step.
+    """
+    say = progress or (lambda msg: None)
+    graph.validate()
+    os.makedirs(out_dir, exist_ok=True)
+    meta_path = os.path.join(out_dir, META)
+    if os.path.exists(meta_path):
+        os.remove(meta_path)  # the directory stays invalid until this write completes
+    say("building the propagation structure and its values")
+    builder = ShardBuilder(graph, partition, norms, grid)
+    run_id = uuid.uuid4().hex
+    fingerprint = graph.fingerprint()
+    P = partition.num_parts
+    if builder.layout is not None:
+        say("writing node data in grid order")
+        _write_grid_nodes(out_dir, graph, builder.layout.order, run_id)
+    elif os.path.exists(os.path.join(out_dir, GRID_DIR)):
+        shutil.rmtree(os.path.join(out_dir, GRID_DIR))
+    for rank in range(P):
+        say(f"writing part {rank + 1}/{P}")
+        shard = builder.build(rank)
+        manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank,
+                    "n_local": shard.n_local, "n_halo": shard.n_halo, "nnz": shard.nnz,
+                    "grid_coords": list(shard.grid_coords) if shard.grid_coords else None,
+                    "grid_blocks": {name: {"row_range": list(b.row_range), "col_range": list(b.col_range)}
+                                    for name, b in shard.grid_blocks.items()}}
+        _write_folder(part_dir(out_dir, rank), _shard_files(shard), manifest, MANIFEST)
+        del shard
+    for entry in os.listdir(out_dir):  # parts left over from an earlier write with more parts
+        match = _PART_RE.match(entry)
+        if match and int(match.group(1)) >= P:
+            shutil.rmtree(os.path.join(out_dir, entry))
+    ew = graph.edge_weight
+    meta = {
+        "format_version": FORMAT_VERSION, "run_id": run_id, "fingerprint": fingerprint,
+        "name": graph.name, "method": partition.method, "parts": P, "seed": partition.seed,
+        "balance": partition.info.get("balance"), "imbalance": partition.info.get("imbalance"),
+        "n": graph.num_nodes, "m": graph.num_edges, "nnz": int(builder.indices.shape[0]),
+        "num_features": graph.num_features, "num_classes": int(graph.num_classes),
+        "sizes": [int(s) for s in partition.sizes], "norms": list(builder.norms),
+        "grid": builder.layout.to_json() if builder.layout is not None else None,
+        "weighted": ew is not None,
+        "edge_weight_dtype": np.asarray(ew).dtype.str if ew is not None else None,
+        "canonical_csr": _is_canonical(np.asarray(graph.indptr), np.asarray(graph.indices)),
+    }
+    _write_json_atomic(meta_path, meta)
+    say(f"wrote {P} parts to {out_dir}")
+    return meta
+
+
+# ---------------------------------------------------------------------------- loading
+def read_meta(out_dir: str) -> dict:
+    """``meta.json`` of a shard directory, with its format version checked."""
+    path = os.path.join(out_dir, META)
+    if not os.path.isfile(path):
+        raise InputError(f"{out_dir} has no {META}: not a shard directory, or its write did not finish")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read {path}: {err}") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"{path} has shard format version {meta.get('format_version')!r}; this gnnpar "
+                         f"reads version {FORMAT_VERSION}: rewrite the shards with gnnpar-partition")
+    return meta
+
+
+def _check_folder(folder: str, manifest_name: str, run_id: str) -> dict:
+    path = os.path.join(folder, manifest_name)
+    if not os.path.isfile(path):
+        raise InputError(f"{folder} is incomplete (no {manifest_name}): its write did not finish; "
+                         f"rewrite the shards")
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("run_id") != run_id:
+        raise InputError(f"{folder} comes from a different write than {META} (run ids differ); "
+                         f"rewrite the shards")
+    for rel, size in manifest["files"].items():
+        file = os.path.join(folder, rel)
+        if not os.path.isfile(file) or os.path.getsize(file) != size:
+            raise InputError(f"{file} is missing or truncated; rewrite the shards")
+    return manifest
+
+
+def _load(folder: str, rel: str, mmap: bool):
+    return np.load(os.path.join(folder, rel), mmap_mode="r" if mmap else None)
+
+
+def load_grid_rows(out_dir: str, start: int, stop: int, mmap: bool = True) -> dict:
+    """Node arrays (x, y, masks) and global ids of grid positions ``[start, stop)``."""
+    meta = read_meta(out_dir)
+    if meta.get("grid") is None:
+        raise InputError(f"the shards in {out_dir} were written without --grid")
+    folder = os.path.join(out_dir, GRID_DIR)
+    _check_folder(folder, GRID_MANIFEST, meta["run_id"])
+    out = {name: _load(folder, f"{name}.npy", mmap)[start:stop] for name in NODE_ARRAYS}
+    out["global_ids"] = _load(folder, "order.npy", mmap)[start:stop]
+    return out
+
+
+def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap: bool = True) -> Shard:
+    """Rank ``rank``'s :class:`Shard` from ``out_dir`` (arrays memory-mapped when ``mmap``).
+
+    Refuses with :class:`InputError` a wrong format version, a ``world_size`` other than the part
+    count, a ``fingerprint`` other than the written graph's, or an incomplete/stale folder.
+    """
+    meta = read_meta(out_dir)
+    P = int(meta["parts"])
+    if world_size is not None and int(world_size) != P:
+        raise InputError(f"the shards in {out_dir} are for {P} ranks but the world size is {world_size}; "
+                         f"rerun gnnpar-partition with --parts {world_size}")
+    if fingerprint is not None and fingerprint != meta["fingerprint"]:
+        raise InputError(f"the shards in {out_dir} were written for dataset fingerprint {meta['fingerprint']}, "
+                         f"not {fingerprint}: they belong to another graph")
+    if not 0 <= int(rank) < P:
+        raise InputError(f"rank {rank} is outside [0, {P}) for the shards in {out_dir}")
+    folder = part_dir(out_dir, int(rank))
+    if not os.path.isdir(folder):
+        raise InputError(f"{folder} is missing: the write did not finish; rewrite the shards")
+    manifest = _check_folder(folder, MANIFEST, meta["run_id"])
+    if manifest.get("rank") != int(rank):
+        raise InputError(f"{folder} holds rank {manifest.get('rank')}, not {rank}")
+    arr = {rel[:-4]: _load(folder, rel, mmap) for rel in manifest["files"] if "/" not in rel}
+    blocks = {}
+    for name, info in (manifest.get("grid_blocks") or {}).items():
+        sub = f"{GRID_DIR}/{name}/"
+        vals = {k: _load(folder, f"{sub}values_{k}.npy", mmap) for k in meta["norms"]}
+        blocks[name] = LocalBlock(name, tuple(info["row_range"]), tuple(info["col_range"]),
+                                  _load(folder, f"{sub}indptr.npy", mmap),
+                                  _load(folder, f"{sub}indices.npy", mmap), vals)
+    grid_order = None
+    if meta.get("grid") is not None:
+        gfolder = os.path.join(out_dir, GRID_DIR)
+        _check_folder(gfolder, GRID_MANIFEST, meta["run_id"])
+        grid_order = _load(gfolder, "order.npy", True)
+    return Shard(
+        rank=int(rank), world_size=P, n_global=int(meta["n"]), num_classes=int(meta["num_classes"]),
+        global_ids=arr["global_ids"], indptr=arr["indptr"], indices=arr["indices"],
+        values={k: arr[f"values_{k}"] for k in meta["norms"]}, raw_weight=arr["raw_weight"],
+        orig_edge=arr["orig_edge"], halo_ids=arr["halo_ids"], recv_counts=arr["recv_counts"],
+        send_counts=arr["send_counts"], send_local=arr["send_local"],
+        grid_blocks=blocks,
+        grid_coords=tuple(manifest["grid_coords"]) if manifest.get("grid_coords") else None,
+        grid_order=grid_order, meta=meta,
+        **{name: arr[name] for name in NODE_ARRAYS})
+
+
+def reassemble(out_dir: str) -> Graph:
+    """Rebuild the written graph from all shards (tests and tools; holds the whole graph).
+
+    Exact (same CSR, weights, features, labels, masks and fingerprint) when the original rows
+    had sorted, duplicate-free columns (``meta['canonical_csr']``, true for every graph built by
+    ``Graph.csr_from_edges``); otherwise the result is that graph's canonical form.
+    """
+    meta = read_meta(out_dir)
+    n, P = int(meta["n"]), int(meta["parts"])
+    rows, cols, weights, node = [], [], [], {}
+    for rank in range(P):
+        s = load_shard(out_dir, rank, mmap=True)
+        keep = np.asarray(s.orig_edge)
+        local_rows = np.repeat(np.arange(s.n_local, dtype=np.int64), np.diff(s.indptr))
+        rows.append(np.asarray(s.global_ids)[local_rows[keep]])
+        cols.append(s.column_ids()[np.asarray(s.indices)[keep]])
+        weights.append(np.asarray(s.raw_weight)[keep])
+        for name in NODE_ARRAYS:
+            src = np.asarray(getattr(s, name))
+            if name not in node:
+                node[name] = np.zeros((n,) + src.shape[1:], src.dtype)
+            node[name][np.asarray(s.global_ids)] = src
+    src, dst = np.concatenate(cols), np.concatenate(rows)
+    order = np.argsort(dst * n + src, kind="stable")
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    indices = src[order]
+    ew = np.concatenate(weights)[order].astype(np.dtype(meta["edge_weight_dtype"])) if meta["weighted"] else None
+    return Graph(indptr=indptr, indices=indices, edge_weight=ew, num_classes=int(meta["num_classes"]),
+                 name=meta.get("name", "graph"), **node)
