@@ -1,0 +1,75 @@
+"""The distributed full-batch runtime: this rank's rows, its SpMM operator, and the
+collectives the training loop needs (see ``gnnpar.trainer`` for the protocol)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gnnpar.kernels.build import build_operator
+from gnnpar.kernels.comm import Comm
+from gnnpar.kernels.grid import ProcessGrid
+
+EPOCH_PHASES = ("forward", "backward", "grad_sync")
+
+
+class DistRuntime:
+    """One rank's view of a distributed full-batch run.
+
+    ``shard`` (``gnnpar.partitioners`` Shard) gives the rows this rank owns; ``algo`` picks the
+    operator; weights are replicated, so gradients are summed over every rank once per step.
+    """
+
+    def __init__(self, grid: ProcessGrid, shard, algo: str, norm: str, device="cpu", **algo_kw):
+        self.grid, self.algo, self.device = grid, algo, torch.device(device)
+        self.comm = Comm(grid)
+        with self.comm.in_phase("setup"):
+            self.op = build_operator(algo, shard, self.comm, norm, self.device, **algo_kw)
+        rows = self.op.row_ids if hasattr(self.op, "row_ids") else None
+        self.global_ids = np.asarray(shard.global_ids if rows is None else rows)
+        take = (lambda a: np.asarray(a)) if rows is None else (lambda a: self.op.take_rows(shard, a))
+        self.x = torch.as_tensor(np.asarray(take(shard.x), np.float32)).to(self.device)
+        self.y = torch.as_tensor(np.asarray(take(shard.y), np.int64)).to(self.device)
+        self.masks = {s: torch.as_tensor(np.asarray(take(getattr(shard, f"{s}_mask")))).to(self.device)
+                      for s in ("train", "val", "test")}
+        self.world_axes = tuple(grid.shape)
+        self.comm.reset()
+
+    # -- metrics reductions: small, not part of the algorithm's traffic, not counted
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.grid.world_size > 1:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+    def all_reduce_max(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.float64)
+        if self.grid.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t[0])
+
+    def sync_grads(self, params) -> None:
+        """Sum gradients over all ranks: one flat all-reduce (phase ``grad_sync``)."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads or self.grid.world_size == 1:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        with self.comm.in_phase("grad_sync"):
+            self.comm.all_reduce(flat, self.world_axes)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def comm_stats(self):
+        """(bytes of all ranks, bytes of the busiest rank, seconds) of forward + backward +
+        gradient sync since the last call; counters are then reset."""
+        _, per_key, seconds = self.comm.reset()
+        mine = sum(b for (axis, phase), b in per_key.items() if phase in EPOCH_PHASES)
+        if self.grid.world_size == 1:
+            return mine, mine, seconds
+        t = torch.tensor([mine, mine, seconds], dtype=torch.float64)
+        tmax = t.clone()
+        dist.all_reduce(t)
+        dist.all_reduce(tmax, op=dist.ReduceOp.MAX)
+        return int(t[0]), int(tmax[1]), float(tmax[2])

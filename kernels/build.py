@@ -1,0 +1,72 @@
+"""Build a rank's distributed SpMM operator from its shard.
+
+``build_operator(algo, shard, comm, norm, device)`` is the one entry the runtimes use; each
+algorithm registers a builder here. A builder may also give the operator ``row_ids`` (the
+global ids of the rows it owns, when they differ from the shard's) and ``take_rows(shard, a)``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import InputError
+
+from .comm import Comm
+from .halo import HaloPlan
+from .spmm_1d import Op1D
+from .spmm_1d_halo import Op1DHalo
+
+BUILDERS: Dict[str, Callable] = {}
+
+
+def register(name: str):
+    def deco(fn):
+        BUILDERS[name] = fn
+        return fn
+    return deco
+
+
+def shard_values(shard, norm: str) -> np.ndarray:
+    if norm not in shard.values:
+        raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not {norm!r}; "
+                         f"repartition with it")
+    return np.asarray(shard.values[norm])
+
+
+@register("1d-halo")
+def _build_1d_halo(shard, comm: Comm, norm: str, device):
+    plan = HaloPlan.from_arrays(shard.send_local, shard.send_counts, shard.recv_counts, device)
+    return Op1DHalo(comm, shard.indptr, shard.indices, shard_values(shard, norm), shard.n_local,
+                    plan, device)
+
+
+@register("1d")
+def _build_1d(shard, comm: Comm, norm: str, device):
+    """Columns local+halo → positions in partition order, from every part's id list."""
+    with comm.in_phase("setup"):
+        sizes = [int(t) for t in torch.cat(comm.all_gather(
+            torch.tensor([shard.n_local]), "row"))]
+        ids = comm.all_gather(torch.as_tensor(np.asarray(shard.global_ids)), "row", sizes)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    halo = np.asarray(shard.halo_ids)
+    recv = np.concatenate([[0], np.cumsum(shard.recv_counts)])
+    halo_pos = np.empty(halo.shape[0], np.int64)
+    for q in range(len(sizes)):  # one vectorised lookup per owner rank
+        part = halo[recv[q]:recv[q + 1]]
+        halo_pos[recv[q]:recv[q + 1]] = offsets[q] + np.searchsorted(ids[q].numpy(), part)
+    me = comm.grid.coord("row")
+    col_pos = np.concatenate([offsets[me] + np.arange(shard.n_local), halo_pos])
+    indices = col_pos[np.asarray(shard.indices)]
+    # renumbering breaks the within-row column order only across local/halo; sort each row
+    indptr = np.asarray(shard.indptr)
+    rows = np.repeat(np.arange(shard.n_local), np.diff(indptr))
+    order = np.lexsort((indices, rows))
+    return Op1D(comm, indptr, indices[order], shard_values(shard, norm)[order], sizes, device)
+
+
+def build_operator(algo: str, shard, comm: Comm, norm: str, device=None, **kw):
+    if algo not in BUILDERS:
+        raise InputError(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(BUILDERS))}")
+    return BUILDERS[algo](shard, comm, norm, device, **kw)

@@ -1,0 +1,61 @@
+"""Rank bodies of the multi-rank tests (module level, so spawned children can import them).
+
+Each body builds the same small graph on every rank, runs the serial reference in-process
+(the graph is tiny) and the distributed algorithm on its shard, and returns the largest
+relative differences, so the parent asserts on values rather than on "it ran".
+"""
+import numpy as np
+import torch
+
+from gnnpar.distributed import DistRuntime
+from gnnpar.kernels.grid import ProcessGrid
+from gnnpar.models import GNN
+from gnnpar.partitioners import partition_graph
+from gnnpar.partitioners.shard_build import build_shard
+from gnnpar.serial import SerialRuntime
+from gnnpar.trainer import TrainConfig, fit
+
+from .graphs import random_graph
+
+
+def rel_err(a, b) -> float:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) if b.numel() else 0.0
+
+
+def _loss_and_grads(model, rt, train_count):
+    model.zero_grad()
+    out = model(rt.op, rt.x)
+    m = rt.masks["train"]
+    loss = torch.nn.functional.cross_entropy(out[m], rt.y[m], reduction="sum") / train_count
+    loss.backward()
+    rt.sync_grads(list(model.parameters()))
+    return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def equivalence(rank, world, algo, grid_shape, n, directed, method, kinds, algo_kw):
+    """Forward, gradients and a 3-epoch loss curve of ``algo`` vs the serial trainer."""
+    g = random_graph(n=n, f=6, classes=3, seed=11, directed=directed)
+    part = partition_graph(g, world, method, seed=3)
+    shard = build_shard(g, part, rank, norms=("gcn", "mean"))
+    grid = ProcessGrid.create(grid_shape)
+    errs = {}
+    for kind in kinds:
+        torch.manual_seed(0)
+        model = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+        serial = SerialRuntime(g, model.norm)
+        rt = DistRuntime(grid, shard, algo, model.norm, **algo_kw)
+        ids = torch.as_tensor(rt.global_ids)
+        count = float(serial.masks["train"].sum())
+        out_s, grads_s = _loss_and_grads(model, serial, count)
+        rt.comm.reset()
+        out_d, grads_d = _loss_and_grads(model, rt, count)
+        errs[f"{kind}/forward"] = rel_err(out_d, out_s[ids])
+        errs[f"{kind}/grads"] = max(rel_err(a, b) for a, b in zip(grads_d, grads_s))
+        curves = []
+        for runtime in (serial, rt):
+            torch.manual_seed(1)
+            m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+            curves.append([r["loss"] for r in fit(m, runtime, TrainConfig(epochs=3, lr=0.05))])
+        errs[f"{kind}/loss"] = rel_err(curves[1], curves[0])
+    return errs
