@@ -12,7 +12,7 @@ an ``n * 2``-long weight array is silently misread), so only one quantity can be
   power-law graphs vertex-only balance leaves the part with the hubs 5-30x the mean edge count.
   With this weight a part's weight is ``E_r + d * N_r`` and the total is about ``2 E``, so the
   METIS bound gives ``E_r <= 2 (1 + imbalance) E / P`` and ``N_r <= 2 (1 + imbalance) n / P``:
-  neither edges nor vertices exceed about twice their mean (in practice both stay far closer).
+  neither edges nor vertices exceed about twice their mean.
 
 The tolerance ``imbalance`` is METIS's ``ufactor / 1000``: every part weighs at most
 ``(1 + imbalance) * W / P`` plus, on small graphs, one vertex's weight (METIS cannot split a

@@ -1,4 +1,6 @@
 """Vertex partitioners and the quality report (pure numpy/scipy, no process group)."""
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -260,3 +262,12 @@ def test_metis_beats_random_on_planted_blocks():
     rand = report(g, partition_graph(g, 4, "random", seed=0))
     assert metis["halo_total"] < 0.3 * rand["halo_total"]
     assert metis["edge_cut_fraction"] < 0.15
+
+
+def test_partitioners_never_import_torch_distributed():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, gnnpar.partitioners as gp, gnnpar.partitioners.shards, gnnpar.partitioners.grid; "
+            "print('torch.distributed' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": root}, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
