@@ -17,6 +17,7 @@ from .comm import Comm
 from .halo import HaloPlan
 from .spmm_1d import Op1D
 from .spmm_1d_halo import Op1DHalo
+from .spmm_2d import build_2d
 
 BUILDERS: Dict[str, Callable] = {}
 
@@ -66,7 +67,51 @@ def _build_1d(shard, comm: Comm, norm: str, device):
     return Op1D(comm, indptr, indices[order], shard_values(shard, norm)[order], sizes, device)
 
 
+@register("2d")
+def _build_2d(shard, comm: Comm, norm: str, device, variant: str = "halo", permute: bool = False,
+              seed: int = 0):
+    return build_2d(shard, comm, shard_values(shard, norm), device, variant, permute, seed)
+
+
 def build_operator(algo: str, shard, comm: Comm, norm: str, device=None, **kw):
     if algo not in BUILDERS:
         raise InputError(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(BUILDERS))}")
     return BUILDERS[algo](shard, comm, norm, device, **kw)
+
+
+def grid_shape(algo: str, world: int, dims=None, replication: int = 1) -> Dict[str, int]:
+    """The named grid an algorithm runs on. ``dims``: (pr, pc) for 2d, (px, py, pz) for 3d,
+    (d, px, py, pz) or (px, py, pz) (d = 1) for 4d; ``replication``: c for 1.5d."""
+    dims = tuple(int(d) for d in dims) if dims else None
+    if algo in ("1d", "1d-halo"):
+        return {"row": world}
+    if algo == "1.5d":
+        c = int(replication)
+        if c < 1 or world % c:
+            raise InputError(f"--replication {c} must divide the world size {world}")
+        return {"row": world // c, "replica": c}
+    if algo == "2d":
+        if dims is None or len(dims) != 2:
+            raise InputError(f"2d needs --grid PRxPC with PR*PC = {world}, got {dims}")
+        return {"row": dims[0], "col": dims[1]}
+    if algo in ("3d", "4d"):
+        if algo == "4d" and dims is not None and len(dims) == 4:
+            return {"data": dims[0], "row": dims[1], "col": dims[2], "depth": dims[3]}
+        if dims is None or len(dims) != 3:
+            raise InputError(f"{algo} needs --grid PXxPYxPZ with product {world}, got {dims}")
+        shape = {"row": dims[0], "col": dims[1], "depth": dims[2]}
+        return {"data": 1, **shape} if algo == "4d" else shape
+    raise InputError(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(BUILDERS))}")
+
+
+def make_grid(algo: str, world: int, dims=None, replication: int = 1):
+    """A :class:`ProcessGrid` for ``algo`` with every axis combination its kernel and the
+    gradient reduction use (all ranks must call this together)."""
+    from .grid import ProcessGrid
+    shape = grid_shape(algo, world, dims, replication)
+    axes = tuple(shape)
+    combos = [axes] if len(axes) > 1 else []
+    if algo in ("3d", "4d"):
+        inner = ("row", "col", "depth")
+        combos += [tuple(a for a in inner if a != b) for b in inner]
+    return ProcessGrid.create(shape, world_size=world, combos=combos)

@@ -7,7 +7,8 @@ relative differences, so the parent asserts on values rather than on "it ran".
 import numpy as np
 import torch
 
-from gnnpar.distributed import DistRuntime
+from gnnpar.distributed import EPOCH_PHASES, DistRuntime
+from gnnpar.kernels.build import make_grid
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.models import GNN
 from gnnpar.partitioners import partition_graph
@@ -59,3 +60,50 @@ def equivalence(rank, world, algo, grid_shape, n, directed, method, kinds, algo_
             curves.append([r["loss"] for r in fit(m, runtime, TrainConfig(epochs=3, lr=0.05))])
         errs[f"{kind}/loss"] = rel_err(curves[1], curves[0])
     return errs
+
+
+def epoch_bytes(comm) -> int:
+    """Bytes this rank's counters hold for an epoch's phases (forward, backward, grad_sync)."""
+    return sum(b for (axis, phase), b in comm.bytes.items() if phase in EPOCH_PHASES)
+
+
+def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=None):
+    """Several algorithms in one spawn (spawning dominates the test time).
+
+    ``cases``: list of (label, algo, dims, replication, algo_kw). Returns, per label, the
+    largest relative errors (forward, gradients, 3-epoch loss per model kind) and this rank's
+    bytes of one training step per kind (for the cost-model test).
+    """
+    g = random_graph(n=n, f=6, classes=3, seed=11, directed=directed)
+    part = partition_graph(g, world, method, seed=3)
+    shard = build_shard(g, part, rank, norms=("gcn", "mean"))
+    out = {}
+    serial = {}
+    for label, algo, dims, replication, algo_kw in cases:
+        grid = make_grid(algo, world, dims, replication)
+        errs, nbytes = {}, {}
+        for kind in kinds:
+            torch.manual_seed(0)
+            model = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+            if kind not in serial:
+                rt_s = SerialRuntime(g, model.norm)
+                count = float(rt_s.masks["train"].sum())
+                out_s, grads_s = _loss_and_grads(model, rt_s, count)
+                torch.manual_seed(1)
+                m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+                curve = [r["loss"] for r in fit(m, rt_s, TrainConfig(epochs=3, lr=0.05))]
+                serial[kind] = (count, out_s, grads_s, curve)
+            count, out_s, grads_s, curve_s = serial[kind]
+            rt = DistRuntime(grid, shard, algo, model.norm, **algo_kw)
+            ids = torch.as_tensor(rt.global_ids)
+            rt.comm.reset()
+            out_d, grads_d = _loss_and_grads(model, rt, count)
+            nbytes[kind] = epoch_bytes(rt.comm)
+            errs[f"{kind}/forward"] = rel_err(out_d, out_s[ids])
+            errs[f"{kind}/grads"] = max(rel_err(a, b) for a, b in zip(grads_d, grads_s))
+            torch.manual_seed(1)
+            m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+            curve = [r["loss"] for r in fit(m, rt, TrainConfig(epochs=3, lr=0.05))]
+            errs[f"{kind}/loss"] = rel_err(curve, curve_s)
+        out[label] = {"errs": errs, "bytes": nbytes}
+    return out

@@ -1,0 +1,154 @@
+"""Setup machinery shared by the grid algorithms (1.5D, 2D, 3D): who owns which vertex,
+moving Â's non-zeros to the rank that holds their block, and sparsity-aware plans.
+
+Every grid algorithm keeps the operator contract of :mod:`dist_op`: a rank takes and returns
+the rows it *owns*, all features. Ownership is the 1D partition of the shards (rank q owns
+part q), or, with ``permute=True``, a seeded random balanced assignment (Plexus-style load
+balancing: hubs spread evenly over every block). A *block* of rows or columns is the
+concatenation, in a given rank order, of the rows those ranks own; positions inside a block are
+``offset of the owner in that order + local index``.
+
+Everything here runs once, in phase ``setup``; epochs only move H rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import numpy as np
+import torch
+
+from .comm import Comm
+from .halo import HaloPlan
+
+
+def world_axes(grid) -> tuple:
+    return tuple(grid.shape)
+
+
+def coords_of(grid, ranks) -> dict:
+    """{axis: coordinate array} of global ranks (row-major layout of :class:`ProcessGrid`)."""
+    dims = tuple(grid.shape.values())
+    return dict(zip(grid.shape, np.unravel_index(np.asarray(ranks, np.int64), dims)))
+
+
+def rank_of(grid, coords: dict) -> np.ndarray:
+    dims = tuple(grid.shape.values())
+    return np.ravel_multi_index(tuple(np.asarray(coords[a], np.int64) for a in grid.shape), dims)
+
+
+@dataclass
+class Ownership:
+    """owner (n,) rank of each vertex; local (n,) its index among that rank's rows (ascending
+    global id); ids[r] the global ids rank r owns."""
+
+    owner: np.ndarray
+    local: np.ndarray
+    ids: List[np.ndarray]
+    permuted: bool = False
+
+    @classmethod
+    def _from_ids(cls, n: int, ids, permuted: bool) -> "Ownership":
+        owner = np.empty(n, np.int64)
+        local = np.empty(n, np.int64)
+        for r, part in enumerate(ids):
+            owner[part] = r
+            local[part] = np.arange(part.shape[0], dtype=np.int64)
+        return cls(owner, local, list(ids), permuted)
+
+    @classmethod
+    def from_shard(cls, shard, comm: Comm) -> "Ownership":
+        """The shards' 1D partition, learnt by one all-gather of every part's id list."""
+        axes = world_axes(comm.grid)
+        sizes = [int(t) for t in torch.cat(comm.all_gather(torch.tensor([shard.n_local]), axes))]
+        ids = comm.all_gather(torch.as_tensor(np.asarray(shard.global_ids, np.int64)), axes, sizes)
+        return cls._from_ids(int(shard.n_global), [i.numpy() for i in ids], False)
+
+    @classmethod
+    def permuted_over(cls, n: int, p: int, seed: int) -> "Ownership":
+        """Seeded random balanced ownership: every rank computes the same one, no traffic."""
+        perm = np.random.default_rng(seed).permutation(n).astype(np.int64)
+        bounds = (np.arange(p + 1, dtype=np.int64) * n) // p
+        return cls._from_ids(n, [np.sort(perm[bounds[r]:bounds[r + 1]]) for r in range(p)], True)
+
+    def sizes(self, ranks: Sequence[int]) -> List[int]:
+        return [int(self.ids[r].shape[0]) for r in ranks]
+
+    def block_positions(self, ranks: Sequence[int], vertices: np.ndarray):
+        """(member index in ``ranks``, local index, position in the block) of each vertex;
+        every vertex must be owned by one of ``ranks``."""
+        index = np.full(len(self.ids), -1, np.int64)
+        index[np.asarray(ranks, np.int64)] = np.arange(len(ranks))
+        offsets = np.concatenate([[0], np.cumsum(self.sizes(ranks))]).astype(np.int64)
+        member = index[self.owner[vertices]]
+        if member.size and member.min() < 0:
+            raise AssertionError("a vertex outside the block reached this rank")
+        local = self.local[vertices]
+        return member, local, offsets[member] + local
+
+
+def shard_entries(shard, values: np.ndarray):
+    """This shard's non-zeros as (row global id, column global id, value)."""
+    indptr = np.asarray(shard.indptr)
+    rows = np.repeat(np.asarray(shard.global_ids, np.int64), np.diff(indptr))
+    return rows, shard.column_ids()[np.asarray(shard.indices)], np.asarray(values, np.float32)
+
+
+def exchange(comm: Comm, axes, dest: np.ndarray, arrays) -> list:
+    """Send entry e of every array to group member ``dest[e]``; returns what arrived (grouped by
+    source member, each source's entries in its original order)."""
+    g = len(comm.grid.ranks_of(axes))
+    order = np.argsort(dest, kind="stable")
+    counts = np.bincount(dest, minlength=g).astype(np.int64)
+    recv = comm.all_to_all(torch.as_tensor(counts).reshape(g, 1), [1] * g, [1] * g, axes)
+    recv = [int(c) for c in recv.reshape(-1)]
+    return [comm.all_to_all(torch.as_tensor(np.ascontiguousarray(a[order])), counts, recv,
+                            axes).numpy() for a in arrays]
+
+
+def coo_to_csr(rows, cols, vals, shape):
+    """CSR arrays (sorted by row, then column) of COO entries without duplicates."""
+    order = np.lexsort((cols, rows))
+    indptr = np.zeros(shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=shape[0]), out=indptr[1:])
+    return indptr, np.asarray(cols, np.int64)[order], np.asarray(vals, np.float32)[order]
+
+
+def compact_plan(comm: Comm, axis, member: np.ndarray, local: np.ndarray, n_own: int,
+                 device=None):
+    """Sparsity-aware renumbering of the rows an operator reads (or writes) along ``axis``.
+
+    Entry e refers to row ``local[e]`` of group member ``member[e]``. Own rows keep indices
+    ``[0, n_own)``; every *distinct* remote row gets one index after them, grouped by member,
+    ascending inside — the order :class:`HaloPlan` moves them in. The owners learn what to send
+    with one all-to-all of the requested local indices.
+
+    Returns (extended index of each entry, HaloPlan).
+    """
+    g = len(comm.grid.ranks_of(axis))
+    me = comm.grid.ranks_of(axis).index(comm.grid.rank)
+    span = int(max(local.max(initial=0), n_own)) + 1
+    key = member.astype(np.int64) * span + local
+    remote = member != me
+    wanted = np.unique(key[remote])
+    ext = np.where(remote, n_own + np.searchsorted(wanted, key), local)
+    recv_counts = np.bincount(wanted // span, minlength=g).astype(np.int64)
+    send_counts = comm.all_to_all(torch.as_tensor(recv_counts).reshape(g, 1), [1] * g, [1] * g,
+                                  axis).reshape(-1).numpy()
+    send_local = comm.all_to_all(torch.as_tensor(wanted % span), recv_counts, send_counts, axis)
+    return ext, HaloPlan.from_arrays(send_local.numpy(), send_counts, recv_counts, device)
+
+
+def take_owned_rows(comm: Comm, shard, own: Ownership, array) -> np.ndarray:
+    """Rows of a shard array (rows = the shard's vertices) delivered to their owners under
+    ``own``, in the owner's local order (used when ``own`` is a permuted ownership)."""
+    array = np.asarray(array)
+    is_bool = array.dtype == bool  # gloo moves no bool tensors
+    if is_bool:
+        array = array.astype(np.uint8)
+    gids = np.asarray(shard.global_ids, np.int64)
+    axes = world_axes(comm.grid)
+    got_ids, got = exchange(comm, axes, own.owner[gids], [gids, array])
+    out = np.empty_like(got)
+    out[own.local[got_ids]] = got
+    return out.astype(bool) if is_bool else out
