@@ -17,6 +17,7 @@ from .comm import Comm
 from .halo import HaloPlan
 from .spmm_1d import Op1D
 from .spmm_1d_halo import Op1DHalo
+from .spmm_15d import build_15d
 from .spmm_2d import build_2d
 
 BUILDERS: Dict[str, Callable] = {}
@@ -65,6 +66,14 @@ def _build_1d(shard, comm: Comm, norm: str, device):
     rows = np.repeat(np.arange(shard.n_local), np.diff(indptr))
     order = np.lexsort((indices, rows))
     return Op1D(comm, indptr, indices[order], shard_values(shard, norm)[order], sizes, device)
+
+
+@register("1.5d")
+def _build_15d(shard, comm: Comm, norm: str, device, variant: str = "halo",
+               permute: bool = False, seed: int = 0):
+    """``variant="halo"`` by default: it never moves more bytes than ``"bcast"`` (each stage
+    block's needed rows are a subset of the block)."""
+    return build_15d(shard, comm, shard_values(shard, norm), device, variant, permute, seed)
 
 
 @register("2d")
