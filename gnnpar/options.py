@@ -8,10 +8,10 @@ from gnnpar.datasets import InputError
 # Flags of later stages: accepted by the parser, refused with a clear "not yet" until built.
 # name -> the value that means "not used"
 RESERVED = {
-    "algo": "serial", "nprocs": None, "grid": None, "replication": None, "partitioner": None,
-    "partition_dir": None, "mode": "fullbatch", "fanouts": None, "batch_size": None,
-    "macrobatch": None, "backend": "auto", "checkpoint_dir": None, "resume": False,
+    "mode": "fullbatch", "fanouts": None, "batch_size": None,
+    "macrobatch": None, "checkpoint_dir": None, "resume": False,
 }
+ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,19 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--save-model", default=None, help="save the trained weights to PATH")
     o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    r = p.add_argument_group("distributed (later stages; reserved)")
-    r.add_argument("--algo", default="serial",
-                   help="serial | 1d | 1d-halo | 1.5d | 2d | 3d | 4d | auto")
-    r.add_argument("--nprocs", type=int, default=None, help="spawn N local ranks")
-    r.add_argument("--grid", default=None, help="process grid AxB[xC]")
-    r.add_argument("--replication", type=int, default=None, help="1.5D replication factor c")
-    r.add_argument("--partitioner", default=None, help="block | random | metis | kaminpar")
-    r.add_argument("--partition-dir", default=None, help="folder of per-rank shards")
+    g = p.add_argument_group("distributed full-batch")
+    g.add_argument("--algo", default="serial", choices=ALGOS,
+                   help="SpMM algorithm; serial = one process, the reference")
+    g.add_argument("--nprocs", type=int, default=None,
+                   help="spawn N local ranks (gloo on CPU); omit under torchrun")
+    g.add_argument("--grid", default=None, help="process grid AxB (2d) or AxBxC (3d/4d)")
+    g.add_argument("--replication", type=int, default=None, help="1.5D replication factor c")
+    g.add_argument("--partitioner", default=None,
+                   help="block | random | metis | kaminpar (default metis for --nprocs)")
+    g.add_argument("--partition-dir", default=None,
+                   help="folder of per-rank shards from gnnpar-partition (written there if empty)")
+    g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
+    g.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a collective may wait before every rank fails")
+    r = p.add_argument_group("later stages (reserved)")
     r.add_argument("--mode", default="fullbatch", help="fullbatch | minibatch")
     r.add_argument("--fanouts", default=None, help="per-layer fanouts, e.g. 15,10,5")
     r.add_argument("--batch-size", type=int, default=None, help="seed nodes per minibatch")
     r.add_argument("--macrobatch", type=int, default=None, help="minibatches sampled at once")
-    r.add_argument("--backend", default="auto", help="auto | gloo | nccl | mpi")
     r.add_argument("--checkpoint-dir", default=None, help="folder for checkpoints")
     r.add_argument("--resume", action="store_true", help="resume from the newest checkpoint")
     return p
@@ -77,6 +83,12 @@ def check_args(args) -> None:
         raise InputError(f"--lr must be > 0, got {args.lr}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
+    if args.nprocs is not None and args.nprocs < 1:
+        raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
+    if args.algo == "serial" and (args.nprocs or 1) > 1:
+        raise InputError("--nprocs > 1 needs a distributed --algo (1d, 1d-halo, 1.5d, 2d, 3d, 4d)")
+    if args.timeout <= 0:
+        raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
     for name, unused in RESERVED.items():
         if getattr(args, name) != unused:
             flag = "--" + name.replace("_", "-")

@@ -2,7 +2,15 @@
 
 One process (serial reference)::
 
-    gnnpar-train --dataset sbm:n=2000,blocks=8,p_in=0.02,p_out=0.0005 --model gcn --epochs 100
+    gnnpar-train --dataset rmat:scale=14,ef=8 --model gcn --epochs 100
+
+Four local ranks, sparsity-aware 1D, METIS shards::
+
+    gnnpar-train --algo 1d-halo --nprocs 4 --partitioner metis --dataset rmat:scale=14,ef=8
+
+torchrun (one node, 4 ranks; shards written beforehand by gnnpar-partition)::
+
+    torchrun --nproc-per-node 4 -m gnnpar.train --algo 2d --grid 2x2 --partition-dir shards/
 
 Also ``python -m gnnpar.train ...``. Exit codes: 0 success, 2 bad input, 1 internal error.
 """
@@ -12,7 +20,7 @@ import sys
 
 import torch
 
-from gnnpar.datasets import DEFAULT_SPEC, load_dataset
+from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
 from .cli_common import JsonLog, progress, run_cli
 from .models import build_model
@@ -23,7 +31,6 @@ from .trainer import TrainConfig, fit
 
 def pick_device(choice: str) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
-        from gnnpar.datasets import InputError
         raise InputError("--device cuda was asked for but torch sees no CUDA device")
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,6 +42,14 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
+    args.device_resolved = str(device)
+    from .dist_train import launched_externally, run_distributed
+    if args.algo != "serial" and (args.nprocs or launched_externally()):
+        final = run_distributed(args)
+        _print_final(final, args.quiet)
+        return 0
+    if args.algo != "serial":
+        raise InputError(f"--algo {args.algo} needs --nprocs N or a launcher (torchrun, srun)")
     torch.manual_seed(args.seed)
     graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
                          cache_dir=args.cache_dir)
@@ -57,20 +72,24 @@ def run(args) -> int:
         history = fit(model, rt, cfg, on_epoch)
     finally:
         bar.close()
-    final = {"final": True, **run_fields, **_final_metrics(history)}
+    final = {"final": True, **run_fields, **final_metrics(history)}
     log.write(final)
     log.close()
     if args.save_model:
         torch.save({"state_dict": model.state_dict(), "model": args.model, "layers": args.layers,
                     "hidden": args.hidden, "f_in": graph.num_features,
                     "f_out": graph.num_classes}, args.save_model)
-    if not args.quiet:
-        print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in final.items() if k != "final"), file=sys.stderr)
+    _print_final(final, args.quiet)
     return 0
 
 
-def _final_metrics(history) -> dict:
+def _print_final(final: dict, quiet: bool) -> None:
+    if not quiet:
+        print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in final.items() if k != "final"), file=sys.stderr)
+
+
+def final_metrics(history) -> dict:
     if not history:
         return {"epochs": 0}
     last = history[-1]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .comm import Comm
+from .local import as_tensor
 
 
 @dataclass
@@ -31,7 +32,7 @@ class HaloPlan:
 
     @classmethod
     def from_arrays(cls, send_local, send_counts, recv_counts, device=None) -> "HaloPlan":
-        return cls(torch.as_tensor(np.asarray(send_local, dtype=np.int64), device=device),
+        return cls(as_tensor(send_local, np.int64, device),
                    [int(c) for c in send_counts], [int(c) for c in recv_counts])
 
     @property

@@ -18,11 +18,22 @@ import torch
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 
+def as_tensor(a, dtype, device=None) -> torch.Tensor:
+    """A torch tensor of ``a`` (numpy, memory-mapped or torch); read-only arrays are copied,
+    since torch tensors must be writable."""
+    if isinstance(a, torch.Tensor):
+        return a.to(device=device, dtype=getattr(torch, np.dtype(dtype).name))
+    arr = np.asarray(a, dtype=dtype)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    return torch.from_numpy(arr).to(device)
+
+
 def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
     """A torch sparse CSR tensor from numpy/torch arrays (int64 indices, float32 values)."""
-    crow = torch.as_tensor(np.asarray(indptr, dtype=np.int64))
-    col = torch.as_tensor(np.asarray(indices, dtype=np.int64))
-    val = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    crow = as_tensor(indptr, np.int64)
+    col = as_tensor(indices, np.int64)
+    val = as_tensor(values, np.float32)
     return torch.sparse_csr_tensor(crow, col, val, size=tuple(shape), device=device,
                                    check_invariants=False)
 

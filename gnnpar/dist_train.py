@@ -1,0 +1,176 @@
+"""Distributed full-batch training from the CLI: local spawn or an external launcher.
+
+- ``--nprocs N``: this process loads and partitions the graph (or uses ``--partition-dir``),
+  writes the shards once, and spawns N local ranks that each memory-map only their shard.
+- ``torchrun`` (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set): every rank joins the process
+  group; with ``--partition-dir`` it loads only its shard, otherwise each rank builds its own
+  shard from the dataset (fine for small graphs; partition large ones with
+  ``gnnpar-partition`` first).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
+
+from .cli_common import JsonLog, progress
+from .models import build_model
+from .trainer import TrainConfig, fit
+
+GRID_AXES = {"1d": ("row",), "1d-halo": ("row",), "2d": ("row", "col"),
+             "3d": ("row", "col", "depth"), "4d": ("data", "row", "col", "depth")}
+
+
+def grid_shape(algo: str, world: int, grid_text, replication) -> dict:
+    """Named grid axes for ``algo`` on ``world`` ranks (``--grid``/``--replication`` checked)."""
+    from gnnpar.kernels.grid import parse_grid
+    if algo == "1.5d":
+        c = replication or 1
+        if c < 1 or world % c:
+            raise InputError(f"--replication {c} must divide the world size {world}")
+        return {"row": world // c, "replica": c}
+    if algo not in GRID_AXES:
+        raise InputError(f"unknown --algo {algo!r}; choose serial, 1d, 1d-halo, 1.5d, 2d, 3d, 4d")
+    axes = GRID_AXES[algo]
+    if grid_text is None:
+        if len(axes) == 1:
+            return {"row": world}
+        raise InputError(f"--algo {algo} needs --grid with {len(axes)} sizes multiplying to {world}")
+    dims = parse_grid(grid_text)
+    if len(dims) != len(axes):
+        raise InputError(f"--algo {algo} needs a grid of {len(axes)} sizes ({'x'.join(axes)}), "
+                         f"got {grid_text}")
+    shape = dict(zip(axes, dims))
+    total = 1
+    for d in dims:
+        total *= d
+    if total != world:
+        raise InputError(f"--grid {grid_text} has {total} ranks but the world size is {world}")
+    return shape
+
+
+def pick_backend(choice: str, device: torch.device) -> str:
+    if choice == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if choice == "mpi" and not dist.is_mpi_available():
+        raise InputError("--backend mpi: this torch build has no MPI backend; use gloo (or nccl)")
+    if choice not in ("gloo", "nccl", "mpi"):
+        raise InputError(f"unknown --backend {choice!r}; choose auto, gloo, nccl or mpi")
+    return choice
+
+
+def prepare_shards(args, world: int) -> str:
+    """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them."""
+    from gnnpar.partitioners import partition_graph, write_shards
+    from gnnpar.partitioners.shards import read_meta
+    out = args.partition_dir
+    if out and os.path.exists(os.path.join(out, "meta.json")):
+        meta = read_meta(out)
+        if int(meta["parts"]) != world:
+            raise InputError(f"the shards in {out} are for {meta['parts']} ranks but --nprocs is "
+                             f"{world}; rerun gnnpar-partition with --parts {world}")
+        return out
+    out = out or tempfile.mkdtemp(prefix="gnnpar-shards-")
+    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
+                         cache_dir=args.cache_dir)
+    if not args.quiet:
+        print(graph.summary(), file=sys.stderr)
+    part = partition_graph(graph, world, args.partitioner or "metis", seed=args.seed)
+    write_shards(graph, part, out, norms=("gcn", "mean"))
+    return out
+
+
+def rank_body(rank: int, world: int, args, shard_dir) -> dict:
+    """Everything one rank does once the process group exists; returns the final metrics."""
+    from gnnpar.kernels.grid import ProcessGrid
+    from gnnpar.partitioners.shards import load_shard
+    from .distributed import DistRuntime
+    device = torch.device(args.device_resolved)
+    if device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    shape = grid_shape(args.algo, world, args.grid, args.replication)
+    grid = ProcessGrid.create(shape, combos=_combos(args.algo))
+    if shard_dir is not None:
+        shard = load_shard(shard_dir, rank, world_size=world)
+    else:
+        from gnnpar.partitioners import partition_graph
+        from gnnpar.partitioners.shard_build import build_shard
+        graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed)
+        shard = build_shard(graph, partition_graph(graph, world, args.partitioner or "block",
+                                                   seed=args.seed), rank)
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    f_in = int(shard.x.shape[1])
+    model = build_model(args.model, f_in, args.hidden, int(shard.num_classes), args.layers,
+                        args.dropout).to(device)
+    torch.manual_seed(args.seed * 1000003 + rank)  # dropout masks differ between ranks' rows
+    rt = DistRuntime(grid, shard, args.algo, model.norm, device)
+    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
+    lead = rank == 0
+    fields = {"algo": args.algo, "world_size": world, "grid": list(shape.values())}
+    log = JsonLog(args.log_json if lead else None)
+    bar = progress(cfg.epochs, f"train[{args.algo} x{world}]", lead and not args.quiet)
+
+    def on_epoch(rec):
+        log.write({**rec, **fields})
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
+
+    try:
+        history = fit(model, rt, cfg, on_epoch)
+    finally:
+        bar.close()
+    from .train import final_metrics
+    final = {"final": True, **fields, **final_metrics(history)}
+    log.write(final)
+    log.close()
+    if lead and args.save_model:
+        torch.save({"state_dict": model.state_dict(), "model": args.model}, args.save_model)
+    return final
+
+
+def _combos(algo: str):
+    return [("row", "replica")] if algo == "1.5d" else []
+
+
+def _spawned(rank, world, args, shard_dir):
+    return rank_body(rank, world, args, shard_dir)
+
+
+def run_distributed(args) -> dict:
+    """Entry from ``gnnpar-train``: spawn locally or join the launcher's world."""
+    from .spawn import SpawnError, spawn
+    device = torch.device(args.device_resolved)
+    backend = pick_backend(args.backend, device)
+    if args.nprocs:
+        if backend == "nccl" and args.nprocs > max(torch.cuda.device_count(), 1):
+            raise InputError(f"NCCL needs one GPU per rank: {args.nprocs} ranks, "
+                             f"{torch.cuda.device_count()} GPUs; use --backend gloo")
+        grid_shape(args.algo, args.nprocs, args.grid, args.replication)  # fail before spawning
+        shard_dir = prepare_shards(args, args.nprocs)
+        try:
+            return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,
+                         timeout_s=args.timeout)[0]
+        except SpawnError as e:
+            first = str(e).splitlines()[0]
+            if "InputError" in str(e):
+                raise InputError(first.split("InputError: ", 1)[-1])
+            raise RuntimeError(first) from None
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        return rank_body(rank, world, args, args.partition_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+def launched_externally() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
