@@ -16,8 +16,12 @@ EPOCH_PHASES = ("forward", "backward", "grad_sync")
 class DistRuntime:
     """One rank's view of a distributed full-batch run.
 
-    ``shard`` (``gnnpar.partitioners`` Shard) gives the rows this rank owns; ``algo`` picks the
-    operator; weights are replicated, so gradients are summed over every rank once per step.
+    ``shard`` (``gnnpar.partitioners`` Shard) gives the rows this rank owns (an operator may
+    own others: ``row_ids``, e.g. with ``permute=True``); ``algo`` picks the operator (3d/4d
+    with ``layers=L`` give a list, one per layer). Weights are replicated and every rank owns
+    distinct rows in every algorithm, so the ranks sharing a weight block are all ranks:
+    gradients are summed over every axis once per step. The grid must hold the group of all
+    its axes together (``gnnpar.kernels.build.make_grid`` builds it).
     """
 
     def __init__(self, grid: ProcessGrid, shard, algo: str, norm: str, device="cpu", **algo_kw):
@@ -25,13 +29,16 @@ class DistRuntime:
         self.comm = Comm(grid)
         with self.comm.in_phase("setup"):
             self.op = build_operator(algo, shard, self.comm, norm, self.device, **algo_kw)
-        rows = self.op.row_ids if hasattr(self.op, "row_ids") else None
+        # a list holds one operator per layer (3d/4d axis rotation); they own the same rows
+        first = self.op[0] if isinstance(self.op, (list, tuple)) else self.op
+        rows = first.row_ids if hasattr(first, "row_ids") else None
         self.global_ids = np.asarray(shard.global_ids if rows is None else rows)
-        take = (lambda a: np.asarray(a)) if rows is None else (lambda a: self.op.take_rows(shard, a))
-        self.x = torch.as_tensor(np.asarray(take(shard.x), np.float32)).to(self.device)
-        self.y = torch.as_tensor(np.asarray(take(shard.y), np.int64)).to(self.device)
-        self.masks = {s: torch.as_tensor(np.asarray(take(getattr(shard, f"{s}_mask")))).to(self.device)
-                      for s in ("train", "val", "test")}
+        take = (lambda a: np.asarray(a)) if rows is None else (lambda a: first.take_rows(shard, a))
+        with self.comm.in_phase("setup"):
+            self.x = torch.as_tensor(np.asarray(take(shard.x), np.float32)).to(self.device)
+            self.y = torch.as_tensor(np.asarray(take(shard.y), np.int64)).to(self.device)
+            self.masks = {s: torch.as_tensor(np.asarray(take(getattr(shard, f"{s}_mask"))))
+                          .to(self.device) for s in ("train", "val", "test")}
         self.world_axes = tuple(grid.shape)
         self.comm.reset()
 

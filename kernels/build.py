@@ -19,6 +19,8 @@ from .spmm_1d import Op1D
 from .spmm_1d_halo import Op1DHalo
 from .spmm_15d import build_15d
 from .spmm_2d import build_2d
+from .spmm_3d import build_3d_ops
+from .spmm_4d import build_4d_ops
 
 BUILDERS: Dict[str, Callable] = {}
 
@@ -80,6 +82,19 @@ def _build_15d(shard, comm: Comm, norm: str, device, variant: str = "halo",
 def _build_2d(shard, comm: Comm, norm: str, device, variant: str = "halo", permute: bool = False,
               seed: int = 0):
     return build_2d(shard, comm, shard_values(shard, norm), device, variant, permute, seed)
+
+
+@register("3d")
+def _build_3d(shard, comm: Comm, norm: str, device, layers: int = 0, rotate: bool = True,
+              permute: bool = False, seed: int = 0):
+    """``layers=L`` returns a list of L per-layer operators (axis rotation); 0 → one operator."""
+    return build_3d_ops(shard, comm, shard_values(shard, norm), device, layers, rotate, permute,
+                        seed)
+
+
+@register("4d")
+def _build_4d(shard, comm: Comm, norm: str, device, **kw):
+    return build_4d_ops(shard, comm, shard_values(shard, norm), device, **kw)
 
 
 def build_operator(algo: str, shard, comm: Comm, norm: str, device=None, **kw):

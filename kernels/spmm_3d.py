@@ -1,0 +1,206 @@
+"""3D SpMM on any ``px × py × pz`` grid (axes ``row`` × ``col`` × ``depth``), features split
+over the third axis, Â sharded so each rank holds ≈ m/p non-zeros, per-layer axis rotation.
+
+Z = Â · H for the rows each rank owns (its 1D part, or a seeded random balanced set with
+``permute=True``, which also balances Â's non-zeros over the blocks), all f features.
+
+An *orientation* gives the grid axes three roles: X splits Â's rows, Y Â's columns (the
+reduction), Z the features and Â's storage. For the rank at (x, y, z) in those roles:
+
+- R_x = rows owned by the ranks (x, ·, ·), ordered y-major then z (|R_x| ≈ n/px);
+- C_y = rows owned by the ranks (·, y, ·), ordered x-major then z (|C_y| ≈ n/py);
+- F_z = features [f·z/pz, f·(z+1)/pz);
+- stored: piece z of Â[R_x, C_y] — rows [|R_x|·z/pz, |R_x|·(z+1)/pz) — and its transpose.
+
+Forward   1. all-to-all over Z: rows of (x, y, ·), features F_z;
+          2. all-gather over X → H[C_y, F_z];
+          3. all-gather of the Â pieces over Z → Â[R_x, C_y] (freed after the product);
+          4. Y = Â[R_x, C_y] · H[C_y, F_z];
+          5. reduce-scatter over Y → rows of (x, y, ·), features F_z;
+          6. all-to-all over Z → owned rows, all features.
+Backward  the transposes in reverse: all-to-all over Z, all-gather over Y, Σ_z' Âᵀ pieces
+          (gathered over Z) · G, reduce-scatter over X, all-to-all over Z.
+
+Words sent per rank per SpMM (n_me owned rows, N_xy = rows of (x, y, ·), nnz_z of the piece):
+f·n_me·(pz−1)/pz·2 (the two all-to-alls, exactly: Σ of the slices sent to the others)
++ (px−1)·N_xy·|F_z| (all-gather) + (|R_x| − N_xy)·|F_z| (reduce-scatter)
++ (pz−1)·(8·(rows_z + 1) + 12·nnz_z) bytes of Â (indptr, int64 indices, float32 values)
+≈ 3m/p^(2/3)·(4 bytes words) + nf/(py·pz) + nf/(px·pz) + 2nf/p for a cube, as DESIGN's table.
+The backward moves the same amounts with X and Y swapped and Âᵀ pieces (indptr |C_y| + 1).
+
+Per-layer rotation: layer l uses roles (X, Y, Z) = the axes (row, col, depth) rotated by l, so
+on a non-cubic grid each axis in turn carries the feature split and the A traffic. Every
+orientation keeps the same owned-row layout on entry and exit, so layers need no
+redistribution; the price is one Â piece per orientation used (≤ 3·m/p). ``layers=0`` (or
+``rotate=False``) builds one orientation shared by every layer.
+
+Shapes: h, Z (n_me, f); piece (rows_z, |C_y|); Âᵀ piece (|C_y|, rows_z).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import InputError
+
+from .blocks import coo_to_csr, coords_of, exchange, rank_of, shard_entries, world_axes
+from .comm import Comm
+from .dist_op import DistOperator, backward_phase
+from .local import csr_tensor, transpose_csr
+from .spmm_2d import attach_ownership, ownership
+
+AXES3 = ("row", "col", "depth")
+
+
+def orientation(layer: int):
+    k = layer % 3
+    return AXES3[k:] + AXES3[:k]
+
+
+def _bounds(total: int, parts: int):
+    return [(total * z) // parts for z in range(parts + 1)]
+
+
+class SpMM3D(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, op):
+        ctx.op = op
+        hc = torch.cat(op.comm.all_gather(op.split_features(h), op.X, op.xy_sizes_x))
+        y = torch.sparse.mm(op.gather_piece(op.piece, op.R, op.C), hc)
+        return op.join_features(op.comm.reduce_scatter(y, op.Y, op.xy_sizes_y), h.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        op = ctx.op
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        with backward_phase(op.comm):
+            f = grad.shape[1]
+            g_rows = torch.cat(op.comm.all_gather(op.split_features(grad.contiguous()), op.Y,
+                                                  op.xy_sizes_y))
+            pieces = op.comm.all_gather(op.piece_t[0], op.Z, op.t_indptr_sizes)
+            idx = op.comm.all_gather(op.piece_t[1], op.Z, op.nnz_sizes)
+            val = op.comm.all_gather(op.piece_t[2], op.Z, op.nnz_sizes)
+            d = None
+            for z in range(op.pz):
+                rows = (op.C, op.row_bounds[z + 1] - op.row_bounds[z])
+                t = torch.sparse_csr_tensor(pieces[z], idx[z], val[z], size=rows)
+                part = torch.sparse.mm(t, g_rows[op.row_bounds[z]:op.row_bounds[z + 1]])
+                d = part if d is None else d + part
+            d = op.comm.reduce_scatter(d, op.X, op.xy_sizes_x)
+            return op.join_features(d, f), None
+
+
+class Op3D(DistOperator):
+    """One orientation of the 3D operator (see the module docstring)."""
+
+    Function = SpMM3D
+
+    def __init__(self, comm: Comm, roles, own, rows, cols, vals, device=None):
+        grid = comm.grid
+        self.comm = comm
+        self.X, self.Y, self.Z = roles
+        self.pz = grid.shape[self.Z]
+        x, y, z = (grid.coord(a) for a in roles)
+        sz = {a: grid.shape[a] for a in roles}
+
+        def at(**c):
+            return int(rank_of(grid, {**grid.coords, **c}))
+        self.r_ranks = [at(**{self.X: x, self.Y: b, self.Z: c})
+                        for b in range(sz[self.Y]) for c in range(sz[self.Z])]
+        self.c_ranks = [at(**{self.X: a, self.Y: y, self.Z: c})
+                        for a in range(sz[self.X]) for c in range(sz[self.Z])]
+        self.z_sizes = own.sizes(grid.ranks_of(self.Z))       # owned rows of (x, y, ·)
+        self.num_src = self.num_dst = self.z_sizes[z]
+        # rows of (a, y, ·) for each a, of (x, b, ·) for each b: the X / Y collective chunks
+        self.xy_sizes_x = [sum(own.sizes(self.c_ranks[a * self.pz:(a + 1) * self.pz]))
+                           for a in range(sz[self.X])]
+        self.xy_sizes_y = [sum(own.sizes(self.r_ranks[b * self.pz:(b + 1) * self.pz]))
+                           for b in range(sz[self.Y])]
+        self.R, self.C = sum(own.sizes(self.r_ranks)), sum(own.sizes(self.c_ranks))
+        self.row_bounds = _bounds(self.R, self.pz)
+        r0, r1 = self.row_bounds[z], self.row_bounds[z + 1]
+        shape = (r1 - r0, self.C)
+        arrays = coo_to_csr(np.asarray(rows) - r0, cols, vals, shape)
+        self.nnz = int(arrays[1].shape[0])
+        self.piece = tuple(torch.as_tensor(a, device=device) for a in arrays)
+        self.piece_t = tuple(torch.as_tensor(a, device=device)
+                             for a in transpose_csr(*arrays, shape))
+        with comm.in_phase("setup"):
+            self.nnz_sizes = [int(t) for t in torch.cat(comm.all_gather(
+                torch.tensor([self.nnz]), self.Z))]
+        self.indptr_sizes = [self.row_bounds[k + 1] - self.row_bounds[k] + 1
+                             for k in range(self.pz)]
+        self.t_indptr_sizes = [self.C + 1] * self.pz
+
+    def gather_piece(self, piece, n_rows, n_cols):
+        """Â[R_x, C_y] from the Z group's row pieces (indptr shifted by the nnz before)."""
+        ptr = self.comm.all_gather(piece[0], self.Z, self.indptr_sizes)
+        idx = self.comm.all_gather(piece[1], self.Z, self.nnz_sizes)
+        val = self.comm.all_gather(piece[2], self.Z, self.nnz_sizes)
+        shift = np.concatenate([[0], np.cumsum(self.nnz_sizes)])
+        crow = torch.cat([ptr[0][:1]] + [p[1:] + int(s) for p, s in zip(ptr, shift)])
+        return torch.sparse_csr_tensor(crow, torch.cat(idx), torch.cat(val),
+                                       size=(n_rows, n_cols))
+
+    def _widths(self, f: int):
+        b = _bounds(f, self.pz)
+        return [b[k + 1] - b[k] for k in range(self.pz)], b
+
+    def split_features(self, h):
+        """(n_me, f) → rows of (x, y, ·) with features F_z (one flat all-to-all over Z)."""
+        widths, b = self._widths(h.shape[1])
+        me = self.comm.grid.coord(self.Z)
+        send = torch.cat([h[:, b[k]:b[k + 1]].reshape(-1) for k in range(self.pz)])
+        got = self.comm.all_to_all(send, [self.num_src * w for w in widths],
+                                   [n * widths[me] for n in self.z_sizes], self.Z)
+        return got.reshape(sum(self.z_sizes), widths[me])
+
+    def join_features(self, t, f: int):
+        """Inverse of :meth:`split_features`: rows of (x, y, ·) × F_z → owned rows × f."""
+        widths, _ = self._widths(f)
+        me = self.comm.grid.coord(self.Z)
+        got = self.comm.all_to_all(t.reshape(-1), [n * widths[me] for n in self.z_sizes],
+                                   [self.num_src * w for w in widths], self.Z)
+        chunks = torch.split(got, [self.num_src * w for w in widths])
+        return torch.cat([c.reshape(self.num_src, w) for c, w in zip(chunks, widths)], dim=1)
+
+
+def build_3d_ops(shard, comm: Comm, values, device=None, layers: int = 0, rotate: bool = True,
+                 permute: bool = False, seed: int = 0):
+    """One :class:`Op3D` (``layers=0`` or ``rotate=False``) or a list of ``layers`` operators
+    cycling through the three orientations (built once each)."""
+    grid = comm.grid
+    if not set(AXES3) <= set(grid.shape):
+        raise InputError(f"3d needs a row x col x depth grid, got {grid.describe()}")
+    own = ownership(shard, comm, permute, seed)
+    u0, v0, val0 = shard_entries(shard, values)
+    count = min(layers, 3) if (layers and rotate) else 1
+    built = []
+    for k in range(count):
+        X, Y, Z = orientation(k)
+        cu, cv = coords_of(grid, own.owner[u0]), coords_of(grid, own.owner[v0])
+        pz = grid.shape[Z]
+        # position of u in R_x (y-major, z-minor ranks of its X slice) decides the piece
+        pos = np.zeros_like(u0)
+        piece = np.zeros_like(u0)
+        for xv in np.unique(cu[X]) if u0.size else []:
+            sel = cu[X] == xv
+            ranks = [int(rank_of(grid, {**{a: 0 for a in grid.shape}, X: xv, Y: b, Z: c}))
+                     for b in range(grid.shape[Y]) for c in range(pz)]
+            pos[sel] = own.block_positions(ranks, u0[sel])[2]
+            bounds = np.asarray(_bounds(sum(own.sizes(ranks)), pz))
+            piece[sel] = np.searchsorted(bounds, pos[sel], side="right") - 1
+        dest = rank_of(grid, {**{a: np.zeros_like(u0) for a in grid.shape},
+                              X: cu[X], Y: cv[Y], Z: piece})
+        u, v, val, rpos = exchange(comm, world_axes(grid), dest, [u0, v0, val0, pos])
+        # column positions in C_y (x-major, z-minor ranks of this rank's Y slice)
+        y = grid.coord(Y)
+        c_ranks = [int(rank_of(grid, {**grid.coords, X: a, Y: y, Z: c}))
+                   for a in range(grid.shape[X]) for c in range(pz)]
+        cpos = own.block_positions(c_ranks, v)[2] if v.size else v
+        op = Op3D(comm, (X, Y, Z), own, rpos, cpos, val, device)
+        built.append(attach_ownership(op, shard, comm, own))
+    if not layers or not rotate:
+        return built[0] if not layers else [built[0]] * layers
+    return [built[k % 3] for k in range(layers)]

@@ -1,0 +1,34 @@
+"""4D SpMM: a data-parallel axis ``data`` (size d) over 3D groups, world = d·px·py·pz
+(AxoNN's 3D tensor parallelism × data parallelism).
+
+Z = Â · H inside each 3D group exactly as :mod:`spmm_3d` (axes ``row`` × ``col`` × ``depth``,
+features split over the third role, Â sharded ≈ m/(px·py·pz) per rank, per-layer rotation);
+the ``data`` axis carries only the weight-gradient reduction.
+
+Full-batch training has one graph, hence one 3D group: d must be 1 (an InputError says so
+otherwise); the mini-batch trainer gives each data-parallel group its own batches and uses
+d > 1. Weights are replicated on every rank and every rank owns distinct rows (within a group)
+or a distinct batch (across groups), so the ranks sharing a weight block are all p ranks: the
+runtime's one flat all-reduce over every axis reduces each gradient exactly once.
+
+Words moved per rank per SpMM: those of 3d; per step add the gradient all-reduce,
+2·(P − ⌈P/p⌉-ish chunk)·4 bytes for P parameters (Comm's all_reduce rule), which is 3d's too.
+Shapes: as :mod:`spmm_3d`.
+"""
+from __future__ import annotations
+
+from gnnpar.datasets import InputError
+
+from .comm import Comm
+from .spmm_3d import build_3d_ops
+
+
+def build_4d_ops(shard, comm: Comm, values, device=None, full_batch: bool = True, **kw):
+    d = comm.grid.shape.get("data")
+    if d is None:
+        raise InputError(f"4d needs a data x row x col x depth grid, got {comm.grid.describe()}")
+    if full_batch and d != 1:
+        raise InputError(f"4d in full-batch training needs the data-parallel axis d = 1 (one "
+                         f"graph, one 3D group), got d = {d} in grid {comm.grid.describe()}; "
+                         f"use d > 1 with mini-batch training")
+    return build_3d_ops(shard, comm, values, device, **kw)
