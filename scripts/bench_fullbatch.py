@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""Every distributed full-batch algorithm at one world size on one graph, side by side.
+
+    python scripts/bench_fullbatch.py --dataset rmat:scale=15,ef=16 --nprocs 4
+
+Per algorithm: median epoch time, its compute/communication split, bytes sent per rank
+(mean and max) per epoch, and peak memory per rank (max), as a table and JSON lines. Ranks
+are local gloo processes (one thread each by default); the partition is METIS unless
+``--partitioner`` says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout without installing
+
+
+def factor(p: int, k: int):
+    """A near-balanced k-way factorisation of p, largest first (2 -> (2, 1), 4 -> (2, 2))."""
+    dims = [1] * k
+    rest = p
+    for f in range(2, p + 1):
+        while rest % f == 0:
+            dims[dims.index(min(dims))] *= f
+            rest //= f
+    return sorted(dims, reverse=True)
+
+
+def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epochs, hidden,
+             layers, seed):
+    import torch
+    from gnnpar.datasets import load_dataset
+    from gnnpar.dist_train import _combos, grid_shape
+    from gnnpar.distributed import DistRuntime
+    from gnnpar.kernels.grid import ProcessGrid
+    from gnnpar.memory import local_peak_bytes
+    from gnnpar.models import GNN
+    from gnnpar.partitioners import partition_graph
+    from gnnpar.partitioners.shard_build import build_shard
+    from gnnpar.trainer import TrainConfig, fit
+    g = load_dataset(spec)
+    shard = build_shard(g, partition_graph(g, world, partitioner, seed=seed), rank, norms=("gcn",))
+    del g
+    grid = ProcessGrid.create(grid_shape(algo, world, grid_text, replication), combos=_combos(algo))
+    torch.manual_seed(seed)
+    model = GNN("gcn", int(shard.x.shape[1]), hidden, int(shard.num_classes), layers, 0.5)
+    rt = DistRuntime(grid, shard, algo, "gcn")
+    hist = fit(model, rt, TrainConfig(epochs=epochs, eval_every=10 ** 9))
+    return {"hist": hist, "peak": local_peak_bytes()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[1],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", default="rmat:scale=15,ef=16", help="dataset spec")
+    p.add_argument("--nprocs", type=int, default=4, help="world size")
+    p.add_argument("--algos", default="1d,1d-halo,1.5d,2d,3d,4d", help="comma list")
+    p.add_argument("--replication", type=int, default=2, help="1.5D replication factor")
+    p.add_argument("--partitioner", default="metis", help="vertex partitioner")
+    p.add_argument("--epochs", type=int, default=5, help="epochs (first one is warm-up)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden width")
+    p.add_argument("--layers", type=int, default=3, help="GCN layers")
+    p.add_argument("--seed", type=int, default=0, help="seed")
+    args = p.parse_args()
+    from gnnpar.spawn import spawn
+    P = args.nprocs
+    grids = {"2d": "x".join(map(str, factor(P, 2))), "3d": "x".join(map(str, factor(P, 3))),
+             "4d": "x".join(map(str, [1] + factor(P, 3)))}
+    rows = []
+    for algo in filter(None, args.algos.split(",")):
+        if algo == "1.5d" and P % args.replication:
+            print(f"skip 1.5d: c={args.replication} does not divide {P}", file=sys.stderr)
+            continue
+        print(f"running {algo} on {P} ranks ...", file=sys.stderr, flush=True)
+        try:
+            out = spawn(rank_run, P, args=(args.dataset, algo, grids.get(algo), args.replication,
+                                           args.partitioner, args.epochs, args.hidden,
+                                           args.layers, args.seed), timeout_s=900)
+        except Exception as e:  # report and go on with the other algorithms
+            print(f"  {algo} failed: {str(e).splitlines()[0]}", file=sys.stderr)
+            continue
+        hist = out[0]["hist"][1:] or out[0]["hist"]
+        row = {"algo": algo, "world_size": P, "grid": grids.get(algo, str(P)),
+               "epoch_s": statistics.median(r["epoch_s"] for r in hist),
+               "compute_s": statistics.median(r["compute_s"] for r in hist),
+               "comm_s": statistics.median(r["comm_s"] for r in hist),
+               "bytes_per_rank_mean": hist[-1]["comm_bytes"] / P,
+               "bytes_per_rank_max": hist[-1]["comm_bytes_max_rank"],
+               "peak_mem_bytes_max": max(o["peak"] for o in out)}
+        rows.append(row)
+        print(json.dumps({"dataset": args.dataset, **row}), flush=True)
+    print(f"\n{'algo':<8} {'grid':<6} {'epoch s':>8} {'compute':>8} {'comm':>8} "
+          f"{'MB/rank':>9} {'MB max':>8} {'peak MiB':>9}")
+    for r in rows:
+        print(f"{r['algo']:<8} {r['grid']:<6} {r['epoch_s']:8.3f} {r['compute_s']:8.3f} "
+              f"{r['comm_s']:8.3f} {r['bytes_per_rank_mean'] / 1e6:9.2f} "
+              f"{r['bytes_per_rank_max'] / 1e6:8.2f} {r['peak_mem_bytes_max'] / 2**20:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
