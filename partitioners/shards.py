@@ -53,6 +53,7 @@ MANIFEST = "part.json"
 GRID_DIR = "grid"
 GRID_MANIFEST = "grid.json"
 _PART_RE = re.compile(r"^part-(\d{5,})$")
+_LEFTOVER_RE = re.compile(r"^(part-\d{5,}|grid)\.(tmp|old)-\d+$")
 _CHUNK_ROWS = 1 << 18
 
 
@@ -162,6 +163,9 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     meta_path = os.path.join(out_dir, META)
     if os.path.exists(meta_path):
         os.remove(meta_path)  # the directory stays invalid until this write completes
+    for entry in os.listdir(out_dir):  # debris of a crashed write (one writer per directory)
+        if _LEFTOVER_RE.match(entry):
+            shutil.rmtree(os.path.join(out_dir, entry))
     say("building the propagation structure and its values")
     builder = ShardBuilder(graph, partition, norms, grid)
     run_id = uuid.uuid4().hex

@@ -177,12 +177,33 @@ def test_missing_meta_is_refused(written):
 
 
 def test_leftover_tmp_folder_is_refused(written):
-    _, _, d = written
+    g, part, d = written
     # a crash between writing part 1's temporary folder and renaming it
     os.rename(part_dir(d, 1), f"{part_dir(d, 1)}.tmp-12345")
     with pytest.raises(InputError, match="missing"):
         load_shard(d, 1)
     load_shard(d, 0)                                                     # others still load
+    write_shards(g, part, d)                                             # a rewrite clears the debris
+    assert sorted(os.listdir(d)) == ["meta.json", "part-00000", "part-00001", "part-00002"]
+    load_shard(d, 1)
+
+
+def test_crash_mid_rewrite_leaves_a_directory_that_does_not_load(written, monkeypatch):
+    from gnnpar.partitioners.shard_build import ShardBuilder
+    g, part, d = written
+    real = ShardBuilder.build
+
+    def failing(self, rank):
+        if rank == 2:
+            raise RuntimeError("simulated crash")
+        return real(self, rank)
+
+    monkeypatch.setattr(ShardBuilder, "build", failing)
+    with pytest.raises(RuntimeError):
+        write_shards(g, part, d)
+    for rank in range(3):                     # parts 0-1 are new, part 2 old: none may load
+        with pytest.raises(InputError, match="no meta.json"):
+            load_shard(d, rank)
 
 
 def test_incomplete_or_truncated_folder_is_refused(written):
