@@ -53,9 +53,10 @@ class SpMM15D(torch.autograd.Function):
         ctx.op = op
         block = op.to_holder(h)
         if op.variant == "bcast":
-            cols = torch.cat([op.comm.broadcast(block if j == op.i else
-                                                h.new_empty((op.block_sizes[j], h.shape[1])),
-                                                j, "row") for j in op.stages])
+            cols = torch.cat([h.new_empty((0, h.shape[1]))] + [
+                op.comm.broadcast(block if j == op.i else
+                                  h.new_empty((op.block_sizes[j], h.shape[1])), j, "row")
+                for j in op.stages])
         else:
             cols = op.plan.gather(op.comm, block, "row")
         return op.comm.reduce_scatter(torch.sparse.mm(op.A, cols), "replica", op.r_sizes)

@@ -67,6 +67,10 @@ def epoch_bytes(comm) -> int:
     return sum(b for (axis, phase), b in comm.bytes.items() if phase in EPOCH_PHASES)
 
 
+def epoch_messages(comm) -> int:
+    return sum(m for (axis, phase), m in comm.messages.items() if phase in EPOCH_PHASES)
+
+
 def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=None):
     """Several algorithms in one spawn (spawning dominates the test time).
 
@@ -98,7 +102,7 @@ def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=N
             ids = torch.as_tensor(rt.global_ids)
             rt.comm.reset()
             out_d, grads_d = _loss_and_grads(model, rt, count)
-            nbytes[kind] = epoch_bytes(rt.comm)
+            nbytes[kind] = (epoch_bytes(rt.comm), epoch_messages(rt.comm))
             errs[f"{kind}/forward"] = rel_err(out_d, out_s[ids])
             errs[f"{kind}/grads"] = max(rel_err(a, b) for a, b in zip(grads_d, grads_s))
             torch.manual_seed(1)
