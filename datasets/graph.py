@@ -118,10 +118,23 @@ class Graph:
         """
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
+        if num_nodes < 0:
+            raise InputError(f"num_nodes must be >= 0, got {num_nodes}")
+        if src.shape != dst.shape or src.ndim != 1:
+            raise InputError(f"src and dst must be 1-D arrays of equal length, got {src.shape} and {dst.shape}")
+        for ends in (src, dst):
+            # an out-of-range id would silently land in a neighbouring row of the key encoding
+            if ends.size and (ends.min() < 0 or ends.max() >= num_nodes):
+                bad = int(ends.min()) if ends.min() < 0 else int(ends.max())
+                raise InputError(f"edge endpoint {bad} is out of range [0, {num_nodes})")
         key = dst * num_nodes + src
-        order = np.argsort(key, kind="stable")
-        key = key[order]
-        w = None if weight is None else np.asarray(weight, dtype=np.float32)[order]
+        if weight is None:
+            key = np.sort(key)  # no payload to carry: a plain sort is about twice as fast as argsort
+            w = None
+        else:
+            order = np.argsort(key, kind="stable")
+            key = key[order]
+            w = np.asarray(weight, dtype=np.float32)[order]
         if dedup and key.size:
             first = np.ones(key.size, dtype=bool)
             first[1:] = key[1:] != key[:-1]
@@ -213,12 +226,18 @@ class Graph:
 
 
 def split_masks(n: int, rng: np.random.Generator, train: float = 0.6, val: float = 0.2):
-    """Random disjoint train/val/test masks with the given fractions (each at least one node)."""
+    """Random disjoint train/val/test masks with the given fractions (each at least one node).
+
+    The masks cover all ``n`` nodes; test gets the rest, ``1 - train - val``.
+    """
     if n < 3:
         raise InputError(f"need at least 3 nodes to make train/val/test splits, got {n}")
+    if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
+        raise InputError(f"split fractions need 0 < train, val and train + val < 1, got train={train} val={val}")
     perm = rng.permutation(n)
-    n_tr = max(1, int(round(train * n)))
-    n_va = max(1, min(n - n_tr - 1, int(round(val * n))))
+    # clamp so that each of the three parts keeps at least one node, whatever the rounding
+    n_tr = min(n - 2, max(1, int(round(train * n))))
+    n_va = min(n - n_tr - 1, max(1, int(round(val * n))))
     masks = [np.zeros(n, dtype=bool) for _ in range(3)]
     masks[0][perm[:n_tr]] = True
     masks[1][perm[n_tr:n_tr + n_va]] = True
