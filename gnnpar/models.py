@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .dropout import dropout
+
 
 class GCNLayer(nn.Module):
     """GCN layer (Kipf & Welling 2017): Z = Â · H · W + b, Â = D̃^{-1/2}(A+I)D̃^{-1/2}.
@@ -111,7 +113,7 @@ class GNN(nn.Module):
         h = x
         for i, layer in enumerate(self.layers):
             if self.dropout > 0:
-                h = F.dropout(h, self.dropout, self.training)
+                h = dropout(h, self.dropout, self.training)
             h = layer(ops[i] if per_layer else ops, h)
             if i < len(self.layers) - 1:
                 h = F.relu(h)
