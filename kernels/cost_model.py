@@ -214,6 +214,8 @@ class _Exact:
                                          for a in ("row", "col", "depth")), self.dims)
                                          for zz in range(pz)], 1)))
 
+    _setup_4d = _setup_3d  # d = 1 in full batch: the 3d group is the world
+
     def spmm(self, f: int, layer: int):
         """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank."""
         if self.algo not in ("3d", "4d"):
