@@ -259,3 +259,171 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
     nbytes += allreduce_bytes(P, p)
     msgs += 2 * _coll(p)
     return {"bytes": nbytes, "messages": msgs}
+
+
+# ----------------------------------------------------------------- estimates (no partition)
+def _distinct(e: float, w: float) -> float:
+    """Expected distinct rows hit by e uniform non-zeros over w candidate rows."""
+    return w * (1.0 - np.exp(-e / w)) if w > 0 and e > 0 else 0.0
+
+
+def _partners(rows: float, g: int) -> float:
+    return (g - 1) * (1.0 - np.exp(-rows / (g - 1))) if g > 1 else 0.0
+
+
+def estimate_traffic(n: int, m: int, p: int, algo: str, kind: str, widths: Sequence[int],
+                     dims=None, variant: str = "halo", cut_fraction: Optional[float] = None
+                     ) -> Dict[str, float]:
+    """Average-rank ``bytes``, ``messages`` per epoch and ``recv_rows`` (rows of H a rank holds
+    beyond its own, for memory) from n, m and the share of non-zeros with a remote column."""
+    nr, mr = n / p, m / p
+    cut = (1.0 - 1.0 / p) if cut_fraction is None else float(cut_fraction)
+    scale = cut / (1.0 - 1.0 / p) if p > 1 else 0.0
+    per_f, fixed3d = None, None
+    if algo == "1d":
+        per_f = ((p - 1) * nr, n - nr, _coll(p), _coll(p), n)
+    elif algo == "1d-halo":
+        h = _distinct(cut * mr, n - nr)
+        k = _partners(cut * mr, p)
+        per_f = (h, h, k, k, h)
+    elif algo == "2d":
+        pr, pc = dims
+        R, C = n / pr, n / pc
+        if variant == "bcast":
+            per_f = ((pr - 1) * nr + R - nr, (pc - 1) * nr + C - nr, _coll(pr) + _coll(pc),
+                     _coll(pr) + _coll(pc), R + C)
+        else:
+            hin = _distinct(mr * scale * (1 - 1 / pr), C - nr)
+            hout = _distinct(mr * scale * (1 - 1 / pc), R - nr)
+            k = _partners(mr * scale * (1 - 1 / pr), pr) + _partners(mr * scale * (1 - 1 / pc), pc)
+            per_f = (hin + hout, hin + hout, k, k, hin + hout)
+    elif algo == "1.5d":
+        c = int(dims)
+        q, R = p // c, n * c / p
+        base_f = nr * (c - 1) / c + R - nr
+        base_b = (c - 1) * nr + (R - nr) / c
+        mf, mb = (1 if c > 1 else 0) + _coll(c), 2 * _coll(c)
+        if variant == "bcast":
+            per_f = (base_f + (q - 1) * R / c, base_b + n / c - R / c, mf + _coll(q) / c,
+                     mb + _coll(q), n / c)
+        else:
+            h = _distinct(mr * scale * (1 - 1 / q), n / c)
+            k = _partners(mr * scale * (1 - 1 / q), q)
+            per_f = (base_f + h, base_b + h, mf + k, mb + k, h + R)
+    elif algo in ("3d", "4d"):
+        px, py, pz = dims
+        R, C, Nxy = n / px, n / py, n / (px * py)
+        a_f = _coll(pz) * (8 * (R / pz + 1) + 12 * mr)
+        a_b = _coll(pz) * (8 * (C + 1) + 12 * mr)
+        fixed3d = (a_f, a_b, R, C, Nxy)
+    else:
+        raise ValueError(f"unknown algorithm {algo!r}")
+    nbytes = msgs = 0.0
+    recv_rows = 0.0
+    for f, back in spmm_widths(kind, widths):
+        if per_f is not None:
+            fb, bb, fm, bm, rr = per_f
+            nbytes += (fb + (bb if back else 0)) * f * F32
+            msgs += fm + (bm if back else 0)
+            recv_rows = max(recv_rows, rr * f)
+        else:
+            a_f, a_b, R, C, Nxy = fixed3d
+            wz = f / pz
+            split = nr * f * (pz - 1) / pz * F32 * 2
+            fb = split + ((px - 1) * Nxy + (R - Nxy)) * wz * F32 + a_f
+            bb = split + ((py - 1) * Nxy + (C - Nxy)) * wz * F32 + a_b
+            nbytes += fb + (bb if back else 0)
+            k = 2 * _coll(pz) + _coll(px) + _coll(py) + 3 * _coll(pz)
+            msgs += k * (2 if back else 1)
+            recv_rows = max(recv_rows, (R + C) * wz)
+    nbytes += float(allreduce_bytes(param_count(kind, widths), p).mean())
+    msgs += 2 * _coll(p)
+    return {"bytes": nbytes, "messages": msgs, "recv_rows": recv_rows}
+
+
+# ----------------------------------------------------------------- memory and time
+@dataclass
+class Machine:
+    """Figures of the time model (override any).
+
+    bandwidth: bytes/s a rank sends (default 25e9, ≈ 200 Gb/s InfiniBand per GPU).
+    latency: seconds per message (default 5e-6).
+    spmm_rate: sparse multiply-adds/s ×2, i.e. flop/s of SpMM (default 2e11, memory-bound).
+    dense_rate: flop/s of the dense layers (default 5e13).
+    """
+
+    bandwidth: float = 25e9
+    latency: float = 5e-6
+    spmm_rate: float = 2e11
+    dense_rate: float = 5e13
+
+
+def memory_bytes(n: int, m: int, p: int, algo: str, widths: Sequence[int], recv_feat_rows: float,
+                 dims=None, layers: int = 0) -> float:
+    """Approximate peak bytes per rank: Â and Âᵀ as CSR (12 bytes a non-zero, 8 a row pointer;
+    3d: one piece per orientation used plus the gathered block), owned activations and their
+    gradients for every layer, and the received H rows of the widest SpMM."""
+    nr, mr = n / p, m / p
+    a = 2 * (12 * mr + 8 * nr)
+    if algo in ("3d", "4d"):
+        px, py, pz = dims
+        a = a * (min(layers, 3) if layers else 1) + 12 * m / (px * py) + 8 * n / px
+    acts = 2 * F32 * nr * sum(fi + fo for fi, fo in zip(widths[:-1], widths[1:]))
+    return a + acts + F32 * recv_feat_rows
+
+
+def epoch_time(nbytes: float, msgs: float, n: int, m: int, p: int, kind: str,
+               widths: Sequence[int], machine: Machine) -> float:
+    spmm = sum(2 * (m / p) * f * (2 if back else 1) for f, back in spmm_widths(kind, widths))
+    dense = sum(6 * (n / p) * fi * fo for fi, fo in zip(widths[:-1], widths[1:]))
+    return (msgs * machine.latency + nbytes / machine.bandwidth + spmm / machine.spmm_rate
+            + dense / machine.dense_rate)
+
+
+def _factorisations(p: int, k: int):
+    if k == 1:
+        yield (p,)
+        return
+    for d in range(1, p + 1):
+        if p % d == 0:
+            for rest in _factorisations(p // d, k - 1):
+                yield (d,) + rest
+
+
+def candidates(p: int):
+    """(algo, dims, variant) for every algorithm and grid at world size p (4d = 3d when
+    full-batch, so it is not listed twice)."""
+    yield "1d", None, "bcast"
+    yield "1d-halo", None, "halo"
+    for c in range(2, p + 1):
+        if p % c == 0:
+            for v in ("halo", "bcast"):
+                yield "1.5d", c, v
+    for dims in _factorisations(p, 2):
+        for v in ("halo", "bcast"):
+            yield "2d", dims, v
+    for dims in _factorisations(p, 3):
+        yield "3d", dims, "-"
+
+
+def rank_algorithms(n: int, m: int, widths: Sequence[int], world: int, kind: str = "gcn",
+                    mem_cap: Optional[float] = None, machine: Optional[Machine] = None,
+                    cut_fraction: Optional[float] = None, layers: Optional[int] = None) -> List[dict]:
+    """Every (algorithm, grid, variant) at ``world`` ranks with modelled bytes, messages, memory
+    and epoch time per (average) rank, best first; rows over ``mem_cap`` bytes come last with
+    ``fits`` False. Needs only n, m (and optionally the cut fraction): works for any world."""
+    machine = machine or Machine()
+    layers = len(widths) - 1 if layers is None else layers
+    rows = []
+    for algo, dims, variant in candidates(world):
+        t = estimate_traffic(n, m, world, algo, kind, widths, dims, variant, cut_fraction)
+        mem = memory_bytes(n, m, world, algo, widths, t["recv_rows"], dims, layers)
+        secs = epoch_time(t["bytes"], t["messages"], n, m, world, kind, widths, machine)
+        grid = ("x".join(map(str, dims)) if isinstance(dims, tuple)
+                else (f"{world // dims}x{dims}" if dims else str(world)))
+        rows.append({"algo": algo, "grid": grid, "variant": variant, "replication":
+                     dims if algo == "1.5d" else 1, "bytes": t["bytes"],
+                     "messages": t["messages"], "memory": mem, "time_s": secs,
+                     "fits": bool(mem_cap is None or mem <= mem_cap)})
+    rows.sort(key=lambda r: (not r["fits"], r["time_s"]))
+    return rows
