@@ -25,7 +25,8 @@ Words sent per rank per SpMM (n_me owned rows, N_xy = rows of (x, y, ·), nnz_z 
 f·n_me·(pz−1)/pz·2 (the two all-to-alls, exactly: Σ of the slices sent to the others)
 + (px−1)·N_xy·|F_z| (all-gather) + (|R_x| − N_xy)·|F_z| (reduce-scatter)
 + (pz−1)·(8·(rows_z + 1) + 12·nnz_z) bytes of Â (indptr, int64 indices, float32 values)
-≈ 3m/p^(2/3)·(4 bytes words) + nf/(py·pz) + nf/(px·pz) + 2nf/p for a cube, as DESIGN's table.
+≈ 3m/p^(2/3) + nf/(py·pz) + nf/(px·pz) + 2nf/p words of 4 bytes for a cube (an int64 index
+and a float32 value are 3 words per non-zero), the shape of DESIGN's table.
 The backward moves the same amounts with X and Y swapped and Âᵀ pieces (indptr |C_y| + 1).
 
 Per-layer rotation: layer l uses roles (X, Y, Z) = the axes (row, col, depth) rotated by l, so

@@ -11,8 +11,9 @@ d > 1. Weights are replicated on every rank and every rank owns distinct rows (w
 or a distinct batch (across groups), so the ranks sharing a weight block are all p ranks: the
 runtime's one flat all-reduce over every axis reduces each gradient exactly once.
 
-Words moved per rank per SpMM: those of 3d; per step add the gradient all-reduce,
-2·(P − ⌈P/p⌉-ish chunk)·4 bytes for P parameters (Comm's all_reduce rule), which is 3d's too.
+Words moved per rank per SpMM: those of 3d; per step add the gradient all-reduce over all p
+ranks, 2·(P − chunk_r)·4 bytes for P parameters, chunk_r = ⌊P/p⌋ + [r < P mod p] (Comm's
+all_reduce rule), as for every other algorithm.
 Shapes: as :mod:`spmm_3d`.
 """
 from __future__ import annotations
