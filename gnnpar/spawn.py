@@ -80,19 +80,34 @@ def _collect(procs, results, nprocs, timeout_s):
         try:
             rank, ok, value = results.get(timeout=0.2)
         except queue_mod.Empty:
-            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
-                time.sleep(0.5)  # let a dying child's report arrive first
-                try:
-                    rank, ok, value = results.get_nowait()
-                except queue_mod.Empty:
-                    raise SpawnError(dead[0], f"process exited with code {procs[dead[0]].exitcode}")
-            elif time.monotonic() > deadline:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                _raise_root_cause(procs, results, {})
+            if time.monotonic() > deadline:
                 raise SpawnError(-1, f"no result within {timeout_s + 60:.0f} s")
-            else:
-                continue
+            continue
         if not ok:
-            raise SpawnError(rank, value)
+            _raise_root_cause(procs, results, {rank: value})
         out[rank] = value
         done += 1
     return out
+
+
+def _raise_root_cause(procs, results, reports):
+    """Name the rank that caused a failure: a rank that died without reporting (killed by a
+    signal, crashed) comes first, since its peers only see the broken connection."""
+    time.sleep(1.0)  # let the other reports and exit codes arrive
+    while True:
+        try:
+            rank, ok, value = results.get_nowait()
+        except queue_mod.Empty:
+            break
+        if not ok:
+            reports.setdefault(rank, value)
+    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reports]
+    if silent:
+        code = procs[silent[0]].exitcode
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        peers = f"; {len(reports)} peer(s) then failed" if reports else ""
+        raise SpawnError(silent[0], f"process {how} without reporting an error{peers}")
+    first = next(iter(reports))  # the earliest report: peers' come after the connection breaks
+    raise SpawnError(first, reports[first])

@@ -111,3 +111,23 @@ def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=N
             errs[f"{kind}/loss"] = rel_err(curve, curve_s)
         out[label] = {"errs": errs, "bytes": nbytes}
     return out
+
+
+def fail_mid_epoch(rank, world, victim, how):
+    """Train 1d-halo; rank ``victim`` raises (or is SIGKILLed) in its second epoch."""
+    import os
+    import signal
+    g = random_graph(n=40, f=6, classes=3, seed=5)
+    shard = build_shard(g, partition_graph(g, world, "block"), rank, norms=("gcn",))
+    torch.manual_seed(0)
+    model = GNN("gcn", 6, 8, 3, layers=2, dropout=0.0)
+    rt = DistRuntime(ProcessGrid.create({"row": world}), shard, "1d-halo", "gcn")
+
+    def on_epoch(rec):
+        if rank == victim and rec["epoch"] == 1:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("injected failure")
+
+    fit(model, rt, TrainConfig(epochs=50), on_epoch)
+    return "finished"
