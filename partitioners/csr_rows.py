@@ -31,3 +31,49 @@ def sorted_csr(local_row: np.ndarray, col: np.ndarray, num_rows: int):
     indptr = np.zeros(num_rows + 1, np.int64)
     np.cumsum(np.bincount(local_row, minlength=num_rows), out=indptr[1:])
     return order, indptr
+
+
+def row_chunks(indptr: np.ndarray, max_entries: int = 1 << 20):
+    """Yield ``(first_row, stop_row)`` ranges holding about ``max_entries`` entries each (at least
+    one row), so whole-matrix passes can keep their temporaries small."""
+    indptr = np.asarray(indptr)
+    n = indptr.shape[0] - 1
+    start = 0
+    while start < n:
+        stop = int(np.searchsorted(indptr, indptr[start] + max_entries, side="right")) - 1
+        stop = min(max(stop, start + 1), n)
+        yield start, stop
+        start = stop
+
+
+def chunk_rows(indptr: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Row id of every entry of rows ``[start, stop)``, int64."""
+    return np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(np.asarray(indptr[start:stop + 1])))
+
+
+def is_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Columns strictly increasing inside every row (sorted, no duplicates)."""
+    for start, stop in row_chunks(indptr):
+        lo, hi = int(indptr[start]), int(indptr[stop])
+        cols = np.asarray(indices[lo:hi])
+        if cols.size < 2:
+            continue
+        new_row = np.zeros(cols.size, bool)
+        bounds = np.asarray(indptr[start + 1:stop]) - lo
+        new_row[bounds[bounds < cols.size]] = True
+        if not np.all((np.diff(cols) > 0) | new_row[1:]):
+            return False
+    return True
+
+
+def is_symmetric_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Pattern symmetry of a canonical CSR (see :func:`is_canonical`): every entry (r, c) has its
+    mirror (c, r). The transpose comes from scipy's counting sort, whose rows come out sorted, so
+    for a canonical matrix symmetry is plain equality of the two index arrays."""
+    import scipy.sparse as sp
+    n = indptr.shape[0] - 1
+    if not np.array_equal(np.bincount(indices, minlength=n), np.diff(indptr)):
+        return False                                   # in-degree != out-degree somewhere
+    a = sp.csr_matrix((np.ones(indices.shape[0], np.int8), indices, indptr), shape=(n, n))
+    t = a.tocsc()
+    return bool(np.array_equal(t.indptr, indptr) and np.array_equal(t.indices, indices))

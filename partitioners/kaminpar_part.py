@@ -27,6 +27,7 @@ from .metis import check_tolerance, refuse_more_parts_than_vertices, undirected_
 from .partition import Partition, check_parts
 
 _HEADER_BYTES = 24
+_WRITE_CHUNK = 1 << 22
 
 
 def _import_kaminpar():
@@ -49,7 +50,8 @@ def write_parhip(path: str, indptr: np.ndarray, indices: np.ndarray, vweights=No
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(offsets.tobytes())
-        f.write(np.asarray(indices).astype("<u8").tobytes())
+        for start in range(0, m, _WRITE_CHUNK):  # chunks: no full-size converted copy
+            f.write(np.asarray(indices[start:start + _WRITE_CHUNK]).astype("<u8").tobytes())
         if vweights is not None:
             f.write(np.asarray(vweights).astype("<i8").tobytes())
 

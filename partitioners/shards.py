@@ -43,6 +43,7 @@ import numpy as np
 
 from gnnpar.datasets import Graph, InputError
 
+from .csr_rows import is_canonical
 from .grid import LocalBlock
 from .partition import Partition
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards  # noqa: F401
@@ -138,16 +139,6 @@ def _write_grid_nodes(out_dir: str, graph: Graph, order: np.ndarray, run_id: str
     _move_into_place(tmp, final)
 
 
-def _is_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
-    """Columns strictly increasing inside every row (sorted, no duplicates)."""
-    if indices.shape[0] < 2:
-        return True
-    step_ok = np.diff(indices) > 0
-    row_start = np.zeros(indices.shape[0], bool)
-    row_start[indptr[1:-1][indptr[1:-1] < indices.shape[0]]] = True
-    return bool(np.all(step_ok | row_start[1:]))
-
-
 def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn", "mean"),
                  grid=None, progress=None) -> dict:
     """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
@@ -201,7 +192,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         "grid": builder.layout.to_json() if builder.layout is not None else None,
         "weighted": ew is not None,
         "edge_weight_dtype": np.asarray(ew).dtype.str if ew is not None else None,
-        "canonical_csr": _is_canonical(np.asarray(graph.indptr), np.asarray(graph.indices)),
+        "canonical_csr": is_canonical(np.asarray(graph.indptr), np.asarray(graph.indices)),
     }
     _write_json_atomic(meta_path, meta)
     say(f"wrote {P} parts to {out_dir}")

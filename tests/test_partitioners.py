@@ -11,6 +11,7 @@ from gnnpar.datasets import Graph, InputError, split_masks
 from gnnpar.datasets.normalize import union_structure
 from gnnpar.partitioners import METHODS, Partition, halo_counts, partition_graph, report
 from gnnpar.partitioners.block import row_work, weighted_cuts
+from gnnpar.partitioners.csr_rows import is_canonical, is_symmetric_canonical
 from gnnpar.partitioners.metis import undirected_structure, vertex_weights
 from gnnpar.partitioners.random_part import hash_owner
 
@@ -184,6 +185,40 @@ def test_metis_edge_balance_beats_node_balance_on_hubs():
     assert rep_edges["edge_balance"] < rep_nodes["edge_balance"]
     assert rep_edges["edge_balance"] < 2 * 1.03 + 0.1
     assert rep_edges["vertex_balance"] < 2 * 1.03 + 0.1
+
+
+# ------------------------------------------------------------------ METIS input
+def scipy_undirected(g: Graph):
+    a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(g.num_nodes,) * 2)
+    s = (a + a.T).tocsr()
+    s.setdiag(0)
+    s.eliminate_zeros()
+    s.sort_indices()
+    return s.indptr, s.indices
+
+
+@pytest.mark.parametrize("case", ["symmetric", "directed", "loops", "unsorted"])
+def test_undirected_structure_matches_scipy(case):
+    g = random_graph(n=120, avg_deg=4, seed=6, directed=case == "directed", self_loops=case == "loops")
+    if case == "unsorted":                                  # reverse each row: not canonical
+        idx = g.indices.copy()
+        for r in range(g.num_nodes):
+            idx[g.indptr[r]:g.indptr[r + 1]] = idx[g.indptr[r]:g.indptr[r + 1]][::-1]
+        g = Graph(g.indptr, idx, g.x, g.y, g.train_mask, g.val_mask, g.test_mask, g.num_classes)
+    indptr, indices = undirected_structure(g)
+    ref_indptr, ref_indices = scipy_undirected(g)
+    assert np.array_equal(indptr, ref_indptr) and np.array_equal(indices, ref_indices)
+    if case == "symmetric":                                 # used as it is, no copy
+        assert indices is g.indices or np.shares_memory(indices, g.indices)
+
+
+def test_canonical_and_symmetry_checks():
+    indptr = np.array([0, 2, 4, 4, 6])                      # row 2 empty
+    assert is_canonical(indptr, np.array([1, 3, 0, 3, 0, 1]))
+    assert not is_canonical(indptr, np.array([3, 1, 0, 3, 0, 1]))
+    assert not is_canonical(indptr, np.array([1, 1, 0, 3, 0, 1]))
+    assert is_symmetric_canonical(indptr, np.array([1, 3, 0, 3, 0, 1]))
+    assert not is_symmetric_canonical(indptr, np.array([1, 3, 0, 3, 0, 2]))
 
 
 # ------------------------------------------------------------------ determinism
