@@ -150,6 +150,8 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     """
     say = progress or (lambda msg: None)
     graph.validate()
+    say("building the propagation structure and its values")
+    builder = ShardBuilder(graph, partition, norms, grid)   # checks everything before touching OUT
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, META)
     if os.path.exists(meta_path):
@@ -157,8 +159,6 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     for entry in os.listdir(out_dir):  # debris of a crashed write (one writer per directory)
         if _LEFTOVER_RE.match(entry):
             shutil.rmtree(os.path.join(out_dir, entry))
-    say("building the propagation structure and its values")
-    builder = ShardBuilder(graph, partition, norms, grid)
     run_id = uuid.uuid4().hex
     fingerprint = graph.fingerprint()
     P = partition.num_parts

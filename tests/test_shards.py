@@ -236,6 +236,13 @@ def test_rewrite_with_fewer_parts_replaces_everything(written):
     assert reassemble(d).fingerprint() == g.fingerprint()
 
 
+def test_bad_arguments_leave_existing_shards_valid(written):
+    g, part, d = written
+    with pytest.raises(InputError, match="must be equal"):
+        write_shards(g, part, d, grid=(2, 2))                            # 4 grid ranks, 3 parts
+    assert load_shard(d, 2, world_size=3).n_local == part.sizes[2]
+
+
 def test_bad_norm_and_partition_mismatch(tmp_path):
     g = random_graph(n=30, seed=0)
     with pytest.raises(InputError, match="unknown normalisation"):
