@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -23,36 +24,25 @@ from .cli_common import JsonLog, progress
 from .models import build_model
 from .trainer import TrainConfig, fit
 
-GRID_AXES = {"1d": ("row",), "1d-halo": ("row",), "2d": ("row", "col"),
-             "3d": ("row", "col", "depth"), "4d": ("data", "row", "col", "depth")}
-
-
-def grid_shape(algo: str, world: int, grid_text, replication) -> dict:
-    """Named grid axes for ``algo`` on ``world`` ranks (``--grid``/``--replication`` checked)."""
+def grid_dims(args):
+    """``--grid`` as a tuple of ints (None when not given)."""
     from gnnpar.kernels.grid import parse_grid
-    if algo == "1.5d":
-        c = replication or 1
-        if c < 1 or world % c:
-            raise InputError(f"--replication {c} must divide the world size {world}")
-        return {"row": world // c, "replica": c}
-    if algo not in GRID_AXES:
-        raise InputError(f"unknown --algo {algo!r}; choose serial, 1d, 1d-halo, 1.5d, 2d, 3d, 4d")
-    axes = GRID_AXES[algo]
-    if grid_text is None:
-        if len(axes) == 1:
-            return {"row": world}
-        raise InputError(f"--algo {algo} needs --grid with {len(axes)} sizes multiplying to {world}")
-    dims = parse_grid(grid_text)
-    if len(dims) != len(axes):
-        raise InputError(f"--algo {algo} needs a grid of {len(axes)} sizes ({'x'.join(axes)}), "
-                         f"got {grid_text}")
-    shape = dict(zip(axes, dims))
-    total = 1
-    for d in dims:
-        total *= d
-    if total != world:
-        raise InputError(f"--grid {grid_text} has {total} ranks but the world size is {world}")
-    return shape
+    return parse_grid(args.grid) if args.grid else None
+
+
+def make_run_grid(args, world: int):
+    """The process grid of ``--algo`` (validated against the world size before any group)."""
+    from gnnpar.kernels.build import grid_shape, make_grid
+    shape = grid_shape(args.algo, world, grid_dims(args), args.replication or 1)
+    ranks = int(np.prod(list(shape.values())))
+    if ranks != world:
+        raise InputError(f"--grid {args.grid} gives {ranks} ranks but the world size is {world}")
+    return shape, (lambda: make_grid(args.algo, world, grid_dims(args), args.replication or 1))
+
+
+def algo_kwargs(args) -> dict:
+    """3d/4d take the layer count to rotate their axes per layer."""
+    return {"layers": args.layers} if args.algo in ("3d", "4d") else {}
 
 
 def pick_backend(choice: str, device: torch.device) -> str:
@@ -88,7 +78,6 @@ def prepare_shards(args, world: int) -> str:
 
 def rank_body(rank: int, world: int, args, shard_dir) -> dict:
     """Everything one rank does once the process group exists; returns the final metrics."""
-    from gnnpar.kernels.grid import ProcessGrid
     from gnnpar.partitioners.shards import load_shard
     from .distributed import DistRuntime
     device = torch.device(args.device_resolved)
@@ -96,8 +85,8 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
         local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-    shape = grid_shape(args.algo, world, args.grid, args.replication)
-    grid = ProcessGrid.create(shape, combos=_combos(args.algo))
+    shape, build_grid = make_run_grid(args, world)
+    grid = build_grid()
     if shard_dir is not None:
         shard = load_shard(shard_dir, rank, world_size=world)
     else:
@@ -111,7 +100,7 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
     model = build_model(args.model, f_in, args.hidden, int(shard.num_classes), args.layers,
                         args.dropout).to(device)
     torch.manual_seed(args.seed * 1000003 + rank)  # dropout masks differ between ranks' rows
-    rt = DistRuntime(grid, shard, args.algo, model.norm, device)
+    rt = DistRuntime(grid, shard, args.algo, model.norm, device, **algo_kwargs(args))
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
     lead = rank == 0
     fields = {"algo": args.algo, "world_size": world, "grid": list(shape.values())}
@@ -136,10 +125,6 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
     return final
 
 
-def _combos(algo: str):
-    return [("row", "replica")] if algo == "1.5d" else []
-
-
 def _spawned(rank, world, args, shard_dir):
     return rank_body(rank, world, args, shard_dir)
 
@@ -153,7 +138,7 @@ def run_distributed(args) -> dict:
         if backend == "nccl" and args.nprocs > max(torch.cuda.device_count(), 1):
             raise InputError(f"NCCL needs one GPU per rank: {args.nprocs} ranks, "
                              f"{torch.cuda.device_count()} GPUs; use --backend gloo")
-        grid_shape(args.algo, args.nprocs, args.grid, args.replication)  # fail before spawning
+        make_run_grid(args, args.nprocs)  # fail before spawning
         shard_dir = prepare_shards(args, args.nprocs)
         try:
             return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from gnnpar.kernels.build import build_operator
 from gnnpar.kernels.comm import Comm
 from gnnpar.kernels.grid import ProcessGrid
+from gnnpar.kernels.local import as_tensor
 
 EPOCH_PHASES = ("forward", "backward", "grad_sync")
 
@@ -35,10 +36,10 @@ class DistRuntime:
         self.global_ids = np.asarray(shard.global_ids if rows is None else rows)
         take = (lambda a: np.asarray(a)) if rows is None else (lambda a: first.take_rows(shard, a))
         with self.comm.in_phase("setup"):
-            self.x = torch.as_tensor(np.asarray(take(shard.x), np.float32)).to(self.device)
-            self.y = torch.as_tensor(np.asarray(take(shard.y), np.int64)).to(self.device)
-            self.masks = {s: torch.as_tensor(np.asarray(take(getattr(shard, f"{s}_mask"))))
-                          .to(self.device) for s in ("train", "val", "test")}
+            self.x = as_tensor(take(shard.x), np.float32, self.device)
+            self.y = as_tensor(take(shard.y), np.int64, self.device)
+            self.masks = {s: as_tensor(take(getattr(shard, f"{s}_mask")), np.bool_, self.device)
+                          for s in ("train", "val", "test")}
         self.world_axes = tuple(grid.shape)
         self.comm.reset()
 

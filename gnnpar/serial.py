@@ -7,7 +7,7 @@ import torch
 
 from gnnpar.datasets import Graph
 from gnnpar.datasets.normalize import propagation_matrix
-from gnnpar.kernels.local import SparseOperator
+from gnnpar.kernels.local import SparseOperator, as_tensor
 
 from .trainer import SerialComm
 
@@ -20,7 +20,7 @@ class SerialRuntime(SerialComm):
         indptr, indices, values = propagation_matrix(graph, norm)
         n = graph.num_nodes
         self.op = SparseOperator(indptr, indices, values, (n, n), self.device)
-        self.x = torch.as_tensor(np.asarray(graph.x, dtype=np.float32)).to(self.device)
-        self.y = torch.as_tensor(np.asarray(graph.y, dtype=np.int64)).to(self.device)
-        self.masks = {s: torch.as_tensor(np.asarray(getattr(graph, f"{s}_mask"))).to(self.device)
+        self.x = as_tensor(graph.x, np.float32, self.device)
+        self.y = as_tensor(graph.y, np.int64, self.device)
+        self.masks = {s: as_tensor(getattr(graph, f"{s}_mask"), np.bool_, self.device)
                       for s in ("train", "val", "test")}

@@ -20,6 +20,7 @@ import torch
 
 from .comm import Comm
 from .halo import HaloPlan
+from .local import as_tensor
 
 
 def world_axes(grid) -> tuple:
@@ -61,7 +62,7 @@ class Ownership:
         """The shards' 1D partition, learnt by one all-gather of every part's id list."""
         axes = world_axes(comm.grid)
         sizes = [int(t) for t in torch.cat(comm.all_gather(torch.tensor([shard.n_local]), axes))]
-        ids = comm.all_gather(torch.as_tensor(np.asarray(shard.global_ids, np.int64)), axes, sizes)
+        ids = comm.all_gather(as_tensor(shard.global_ids, np.int64), axes, sizes)
         return cls._from_ids(int(shard.n_global), [i.numpy() for i in ids], False)
 
     @classmethod

@@ -15,6 +15,7 @@ from gnnpar.datasets import InputError
 
 from .comm import Comm
 from .halo import HaloPlan
+from .local import as_tensor
 from .spmm_1d import Op1D
 from .spmm_1d_halo import Op1DHalo
 from .spmm_15d import build_15d
@@ -52,7 +53,7 @@ def _build_1d(shard, comm: Comm, norm: str, device):
     with comm.in_phase("setup"):
         sizes = [int(t) for t in torch.cat(comm.all_gather(
             torch.tensor([shard.n_local]), "row"))]
-        ids = comm.all_gather(torch.as_tensor(np.asarray(shard.global_ids)), "row", sizes)
+        ids = comm.all_gather(as_tensor(shard.global_ids, np.int64), "row", sizes)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     halo = np.asarray(shard.halo_ids)
     recv = np.concatenate([[0], np.cumsum(shard.recv_counts)])

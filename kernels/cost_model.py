@@ -25,7 +25,6 @@ ranked by modelled epoch time under a per-rank memory cap (``--algo auto``, ``gn
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 

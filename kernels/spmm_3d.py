@@ -47,7 +47,7 @@ from gnnpar.datasets import InputError
 from .blocks import coo_to_csr, coords_of, exchange, rank_of, shard_entries, world_axes
 from .comm import Comm
 from .dist_op import DistOperator, backward_phase
-from .local import csr_tensor, transpose_csr
+from .local import transpose_csr
 from .spmm_2d import attach_ownership, ownership
 
 AXES3 = ("row", "col", "depth")
@@ -85,7 +85,8 @@ class SpMM3D(torch.autograd.Function):
             d = None
             for z in range(op.pz):
                 rows = (op.C, op.row_bounds[z + 1] - op.row_bounds[z])
-                t = torch.sparse_csr_tensor(pieces[z], idx[z], val[z], size=rows)
+                t = torch.sparse_csr_tensor(pieces[z], idx[z], val[z], size=rows,
+                                            check_invariants=False)
                 part = torch.sparse.mm(t, g_rows[op.row_bounds[z]:op.row_bounds[z + 1]])
                 d = part if d is None else d + part
             d = op.comm.reduce_scatter(d, op.X, op.xy_sizes_x)
@@ -141,7 +142,7 @@ class Op3D(DistOperator):
         val = self.comm.all_gather(piece[2], self.Z, self.nnz_sizes)
         shift = np.concatenate([[0], np.cumsum(self.nnz_sizes)])
         crow = torch.cat([ptr[0][:1]] + [p[1:] + int(s) for p, s in zip(ptr, shift)])
-        return torch.sparse_csr_tensor(crow, torch.cat(idx), torch.cat(val),
+        return torch.sparse_csr_tensor(crow, torch.cat(idx), torch.cat(val), check_invariants=False,
                                        size=(n_rows, n_cols))
 
     def _widths(self, f: int):

@@ -33,9 +33,9 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
              layers, seed):
     import torch
     from gnnpar.datasets import load_dataset
-    from gnnpar.dist_train import _combos, grid_shape
     from gnnpar.distributed import DistRuntime
-    from gnnpar.kernels.grid import ProcessGrid
+    from gnnpar.kernels.build import make_grid
+    from gnnpar.kernels.grid import parse_grid
     from gnnpar.memory import local_peak_bytes
     from gnnpar.models import GNN
     from gnnpar.partitioners import partition_graph
@@ -44,10 +44,10 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
     g = load_dataset(spec)
     shard = build_shard(g, partition_graph(g, world, partitioner, seed=seed), rank, norms=("gcn",))
     del g
-    grid = ProcessGrid.create(grid_shape(algo, world, grid_text, replication), combos=_combos(algo))
+    grid = make_grid(algo, world, parse_grid(grid_text) if grid_text else None, replication)
     torch.manual_seed(seed)
     model = GNN("gcn", int(shard.x.shape[1]), hidden, int(shard.num_classes), layers, 0.5)
-    rt = DistRuntime(grid, shard, algo, "gcn")
+    rt = DistRuntime(grid, shard, algo, "gcn", **({"layers": layers} if algo in ("3d", "4d") else {}))
     hist = fit(model, rt, TrainConfig(epochs=epochs, eval_every=10 ** 9))
     return {"hist": hist, "peak": local_peak_bytes()}
 

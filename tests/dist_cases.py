@@ -4,7 +4,6 @@ Each body builds the same small graph on every rank, runs the serial reference i
 (the graph is tiny) and the distributed algorithm on its shard, and returns the largest
 relative differences, so the parent asserts on values rather than on "it ran".
 """
-import numpy as np
 import torch
 
 from gnnpar.distributed import EPOCH_PHASES, DistRuntime
