@@ -41,8 +41,39 @@ def make_run_grid(args, world: int):
 
 
 def algo_kwargs(args) -> dict:
-    """3d/4d take the layer count to rotate their axes per layer."""
-    return {"layers": args.layers} if args.algo in ("3d", "4d") else {}
+    """3d/4d take the layer count to rotate their axes per layer; 1.5d/2d a variant."""
+    if args.algo in ("3d", "4d"):
+        return {"layers": args.layers}
+    if args.algo in ("1.5d", "2d") and args.variant:
+        return {"variant": args.variant}
+    return {}
+
+
+def resolve_auto(args, world: int) -> None:
+    """``--algo auto``: take the cost model's best algorithm, grid and variant that fits."""
+    from .plan_cli import plan
+    from gnnpar.partitioners.shards import read_meta
+    if args.partition_dir and os.path.exists(os.path.join(args.partition_dir, "meta.json")):
+        meta = read_meta(args.partition_dir)
+        n, m, f_in, classes = meta["n"], meta["nnz"], meta["num_features"], meta["num_classes"]
+    else:
+        g = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
+                         cache_dir=args.cache_dir)
+        n, m, f_in, classes = g.num_nodes, g.num_edges + g.num_nodes, g.num_features, g.num_classes
+    rows = plan(n, m, f_in, args.hidden, classes, args.layers, world, args.model, args)
+    best = rows[0]
+    if not best["fits"]:
+        lean = min(rows, key=lambda r: r["memory"])
+        raise InputError(f"no algorithm fits --mem-cap {args.mem_cap} on {world} ranks (the "
+                         f"leanest, {lean['algo']} {lean['grid']}, needs "
+                         f"{lean['memory'] / 2**20:.1f} MiB per rank)")
+    args.algo = best["algo"]
+    args.grid = best["grid"] if best["algo"] in ("2d", "3d") else None
+    args.replication = best["replication"] if best["algo"] == "1.5d" else None
+    args.variant = best["variant"] if best["variant"] in ("halo", "bcast") else None
+    if not args.quiet:
+        print(f"--algo auto chose {args.algo} grid {best['grid']} ({best['variant']}): modelled "
+              f"{best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank", file=sys.stderr)
 
 
 def pick_backend(choice: str, device: torch.device) -> str:
@@ -134,6 +165,8 @@ def run_distributed(args) -> dict:
     from .spawn import SpawnError, spawn
     device = torch.device(args.device_resolved)
     backend = pick_backend(args.backend, device)
+    if args.algo == "auto":
+        resolve_auto(args, args.nprocs or int(os.environ["WORLD_SIZE"]))
     if args.nprocs:
         if backend == "nccl" and args.nprocs > max(torch.cuda.device_count(), 1):
             raise InputError(f"NCCL needs one GPU per rank: {args.nprocs} ranks, "

@@ -11,7 +11,7 @@ RESERVED = {
     "mode": "fullbatch", "fanouts": None, "batch_size": None,
     "macrobatch": None, "checkpoint_dir": None, "resume": False,
 }
-ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d")
+ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d", "auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     g = p.add_argument_group("distributed full-batch")
     g.add_argument("--algo", default="serial", choices=ALGOS,
-                   help="SpMM algorithm; serial = one process, the reference")
+                   help="SpMM algorithm; serial = one process, the reference; auto = the "
+                        "cost model's fastest that fits --mem-cap")
     g.add_argument("--nprocs", type=int, default=None,
                    help="spawn N local ranks (gloo on CPU); omit under torchrun")
     g.add_argument("--grid", default=None, help="process grid AxB (2d) or AxBxC (3d/4d)")
@@ -58,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--partition-dir", default=None,
                    help="folder of per-rank shards from gnnpar-partition (written there if empty)")
     g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
+    g.add_argument("--variant", default=None, choices=("halo", "bcast"),
+                   help="1.5d/2d data movement (default halo: only the rows a block touches)")
+    from .plan_cli import add_model_args
+    add_model_args(g)
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds a collective may wait before every rank fails")
     r = p.add_argument_group("later stages (reserved)")
