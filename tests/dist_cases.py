@@ -33,34 +33,6 @@ def _loss_and_grads(model, rt, train_count):
     return out.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def equivalence(rank, world, algo, grid_shape, n, directed, method, kinds, algo_kw):
-    """Forward, gradients and a 3-epoch loss curve of ``algo`` vs the serial trainer."""
-    g = random_graph(n=n, f=6, classes=3, seed=11, directed=directed)
-    part = partition_graph(g, world, method, seed=3)
-    shard = build_shard(g, part, rank, norms=("gcn", "mean"))
-    grid = ProcessGrid.create(grid_shape)
-    errs = {}
-    for kind in kinds:
-        torch.manual_seed(0)
-        model = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
-        serial = SerialRuntime(g, model.norm)
-        rt = DistRuntime(grid, shard, algo, model.norm, **algo_kw)
-        ids = torch.as_tensor(rt.global_ids)
-        count = float(serial.masks["train"].sum())
-        out_s, grads_s = _loss_and_grads(model, serial, count)
-        rt.comm.reset()
-        out_d, grads_d = _loss_and_grads(model, rt, count)
-        errs[f"{kind}/forward"] = rel_err(out_d, out_s[ids])
-        errs[f"{kind}/grads"] = max(rel_err(a, b) for a, b in zip(grads_d, grads_s))
-        curves = []
-        for runtime in (serial, rt):
-            torch.manual_seed(1)
-            m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
-            curves.append([r["loss"] for r in fit(m, runtime, TrainConfig(epochs=3, lr=0.05))])
-        errs[f"{kind}/loss"] = rel_err(curves[1], curves[0])
-    return errs
-
-
 def epoch_bytes(comm) -> int:
     """Bytes this rank's counters hold for an epoch's phases (forward, backward, grad_sync)."""
     return sum(b for (axis, phase), b in comm.bytes.items() if phase in EPOCH_PHASES)
@@ -70,16 +42,21 @@ def epoch_messages(comm) -> int:
     return sum(m for (axis, phase), m in comm.messages.items() if phase in EPOCH_PHASES)
 
 
-def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=None):
+def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=None,
+                     device="cpu"):
     """Several algorithms in one spawn (spawning dominates the test time).
 
-    ``cases``: list of (label, algo, dims, replication, algo_kw). Returns, per label, the
+    ``cases``: list of (label, algo, dims, replication, algo_kw); ``device``: where the
+    serial reference and the ranks compute ("cuda" binds rank r to GPU r % count). Returns, per label, the
     largest relative errors (forward, gradients, 3-epoch loss per model kind) and this rank's
     bytes of one training step per kind (for the cost-model test).
     """
     g = random_graph(n=n, f=6, classes=3, seed=11, directed=directed)
     part = partition_graph(g, world, method, seed=3)
     shard = build_shard(g, part, rank, norms=("gcn", "mean"))
+    if device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     out = {}
     serial = {}
     for label, algo, dims, replication, algo_kw in cases:
@@ -87,25 +64,25 @@ def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=N
         errs, nbytes = {}, {}
         for kind in kinds:
             torch.manual_seed(0)
-            model = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+            model = GNN(kind, 6, 7, 3, layers=3, dropout=0.0).to(device)
             if kind not in serial:
-                rt_s = SerialRuntime(g, model.norm)
+                rt_s = SerialRuntime(g, model.norm, device)
                 count = float(rt_s.masks["train"].sum())
                 out_s, grads_s = _loss_and_grads(model, rt_s, count)
                 torch.manual_seed(1)
-                m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+                m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0).to(device)
                 curve = [r["loss"] for r in fit(m, rt_s, TrainConfig(epochs=3, lr=0.05))]
                 serial[kind] = (count, out_s, grads_s, curve)
             count, out_s, grads_s, curve_s = serial[kind]
-            rt = DistRuntime(grid, shard, algo, model.norm, **algo_kw)
-            ids = torch.as_tensor(rt.global_ids)
+            rt = DistRuntime(grid, shard, algo, model.norm, device, **algo_kw)
+            ids = torch.as_tensor(rt.global_ids, device=device)
             rt.comm.reset()
             out_d, grads_d = _loss_and_grads(model, rt, count)
             nbytes[kind] = (epoch_bytes(rt.comm), epoch_messages(rt.comm))
             errs[f"{kind}/forward"] = rel_err(out_d, out_s[ids])
             errs[f"{kind}/grads"] = max(rel_err(a, b) for a, b in zip(grads_d, grads_s))
             torch.manual_seed(1)
-            m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+            m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0).to(device)
             curve = [r["loss"] for r in fit(m, rt, TrainConfig(epochs=3, lr=0.05))]
             errs[f"{kind}/loss"] = rel_err(curve, curve_s)
         out[label] = {"errs": errs, "bytes": nbytes}

@@ -1,0 +1,64 @@
+"""CUDA checks (skipped without a GPU; run by scripts/gpu_check.sh where one exists).
+
+NCCL refuses two ranks on one GPU, so multi-rank CUDA runs use gloo with CUDA tensors and
+NCCL runs at world size 1 (and at 2+ where there are that many GPUs).
+"""
+import numpy as np
+import pytest
+import torch
+
+from gnnpar.models import GNN
+from gnnpar.serial import SerialRuntime
+from gnnpar.spawn import spawn
+from gnnpar.trainer import TrainConfig, fit
+
+from .dist_cases import equivalence_many
+from .graphs import random_graph
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+ALL = [("1d", "1d", None, 1, {}), ("1d-halo", "1d-halo", None, 1, {}),
+       ("1.5d", "1.5d", None, 1, {"variant": "bcast"}), ("2d", "2d", (1, 1), 1, {}),
+       ("3d", "3d", (1, 1, 1), 1, {"layers": 3}), ("4d", "4d", (1, 1, 1, 1), 1, {"layers": 3})]
+MULTI = {2: [("1d", "1d", None, 1, {}), ("1d-halo", "1d-halo", None, 1, {}),
+             ("1.5d-c2", "1.5d", None, 2, {"variant": "halo"}), ("2d-1x2", "2d", (1, 2), 1, {}),
+             ("3d-1x1x2", "3d", (1, 1, 2), 1, {"layers": 3})],
+         4: [("2d-2x2", "2d", (2, 2), 1, {}), ("3d-1x2x2", "3d", (1, 2, 2), 1, {"layers": 3}),
+             ("1.5d-c2", "1.5d", None, 2, {"variant": "bcast"})]}
+
+
+def check(results):
+    for rank, per_label in enumerate(results):
+        for label, res in per_label.items():
+            for what, err in res["errs"].items():
+                assert err <= 1e-5, f"rank {rank} {label} {what}: {err:.3g}"
+
+
+def test_serial_cuda_matches_cpu():
+    g = random_graph(n=200, f=8, classes=4, seed=1)
+    curves = []
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = GNN("gcn", 8, 16, 4, layers=2, dropout=0.0).to(device)
+        curves.append([r["loss"] for r in fit(model, SerialRuntime(g, "gcn", device),
+                                               TrainConfig(epochs=5))])
+    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-5)
+
+
+def test_every_algorithm_nccl_world_1():
+    check(spawn(_nccl_body, 1, backend="nccl", timeout_s=240))
+
+
+def _nccl_body(rank, world):
+    return equivalence_many(rank, world, ALL, 47, True, "random", ("gcn", "sage"), device="cuda")
+
+
+def _gloo_cuda_body(rank, world):
+    return equivalence_many(rank, world, MULTI[world], 47, False, "random", ("gcn", "sage"),
+                            device="cuda")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_multi_rank_gloo_on_cuda_tensors(world):
+    check(spawn(_gloo_cuda_body, world, backend="gloo", timeout_s=300))
