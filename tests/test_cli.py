@@ -61,7 +61,7 @@ def test_default_dataset_learns():
     (["--epochs", "-1"], "--epochs"),
     (["--hidden", "0"], "--hidden"),
     (["--dropout", "1.5"], "--dropout"),
-    (["--mode", "minibatch", "--fanouts", "5,5"], "not implemented yet"),
+    (["--resume"], "not implemented yet"),
     (["--algo", "1d"], "--nprocs"),
     (["--device", "cuda"] if not torch.cuda.is_available() else ["--layers", "0"], "cuda" if not torch.cuda.is_available() else "--layers"),
     (["--algo", "2d", "--nprocs", "3"], "--grid"),
