@@ -1,0 +1,40 @@
+"""Mini-batch training: neighbour samplers, the macrobatch service, partitioned features.
+
+One file per idea:
+
+- :mod:`.topology` — Â as the samplers read it (diagonal + off-diagonal CSR, replicated);
+- :mod:`.choose` — which positions of each row are kept (Floyd's algorithm, vectorised);
+- :mod:`.blocks` — :class:`Block` / :class:`MiniBatch` and block-local numbering;
+- :mod:`.neighbor` — node-wise sampling of one minibatch (the reference);
+- :mod:`.bulk` — bulk matrix sampling of a macrobatch (same blocks, one pass per layer);
+- :mod:`.seeds` — each rank's seeds per step, the same step count on every rank;
+- :mod:`.features` — partitioned feature rows, one all-to-all per macrobatch;
+- :mod:`.cache` — which remote rows a rank keeps;
+- :mod:`.service` — sampler threads running ahead of the trainer;
+- :mod:`.loop` — the data-parallel training loop and its engine hook;
+- :mod:`.run` / :mod:`.options` — ``gnnpar-train --mode minibatch``.
+
+Quick use (serial)::
+
+    topo = Topology.from_graph(graph, ("mean",))
+    sampler = BulkSampler(topo, SamplerConfig((15, 10, 5), "mean"))
+    blocks = sampler.sample([seeds_a, seeds_b], [batch_rng(0, 0, 0, 0), batch_rng(0, 0, 0, 1)])
+    logits_a = model([b.operator() for b in blocks[0]], x[blocks[0][0].src_ids])
+
+Graph structure: every rank holds the whole sampling topology (replicated; its memory is in
+:mod:`.topology`). A partitioned structure — each rank keeping only its rows, about 1/p of
+that, plus the degree vector (8n bytes) — would send each layer's chosen positions to the
+rows' owners (the choosers already work from degrees alone, so the draws would not change);
+it is not implemented.
+"""
+from .blocks import Block, MiniBatch, Relabeler
+from .bulk import BulkSampler
+from .features import FeatureStore
+from .neighbor import NeighborSampler, SamplerConfig, batch_rng, parse_fanouts
+from .seeds import EpochPlan
+from .service import MacrobatchService, ReadyBatch, SamplingStats, ServiceConfig
+from .topology import Topology, gather_topology
+
+__all__ = ["Block", "MiniBatch", "Relabeler", "BulkSampler", "FeatureStore", "NeighborSampler",
+           "SamplerConfig", "batch_rng", "parse_fanouts", "EpochPlan", "MacrobatchService",
+           "ReadyBatch", "SamplingStats", "ServiceConfig", "Topology", "gather_topology"]

@@ -1,0 +1,167 @@
+"""Sampled bipartite blocks, the minibatch that carries them, and their local numbering.
+
+A :class:`Block` is one layer's sampled Â: an ``n_dst × n_src`` CSR matrix whose source
+nodes start with its destination nodes (``src_ids[:n_dst] == dst_ids``, the convention of
+``gnnpar.kernels.local.SparseOperator`` and ``gnnpar.models``). A :class:`MiniBatch` holds one
+block per layer, outermost (input layer) first, so ``model([b.operator() for b in
+mb.blocks], x[mb.input_ids])`` gives the outputs of ``mb.seeds`` in order.
+
+Row ``i`` of a block holds Â_ii (when non-zero) first, then the sampled neighbours; column
+indices are local source ids (int64). Without replacement a row has no repeated column;
+with replacement a neighbour drawn twice appears twice (its entries add up in the SpMM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import numpy as np
+
+from .topology import index_dtype
+
+
+@dataclass
+class Block:
+    """Shapes: ``indptr`` (n_dst+1,) int64, ``indices`` (nnz,) int64 in [0, n_src),
+    ``values`` (nnz,) float32, ``src_ids`` (n_src,) int64 global ids.
+    ``num_sampled``: neighbour entries kept (self entries not counted)."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    src_ids: np.ndarray
+    num_dst: int
+    num_sampled: int
+
+    @property
+    def num_src(self) -> int:
+        return int(self.src_ids.shape[0])
+
+    @property
+    def dst_ids(self) -> np.ndarray:
+        return self.src_ids[:self.num_dst]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    def operator(self, device=None):
+        """The block as a :class:`~gnnpar.kernels.local.SparseOperator` (Â and Âᵀ as CSR)."""
+        from gnnpar.kernels.local import SparseOperator
+        return SparseOperator(self.indptr, self.indices, self.values,
+                              (self.num_dst, self.num_src), device)
+
+    def to_scipy(self):
+        """scipy CSR (n_dst × n_src), duplicates summed (tests, debugging)."""
+        import scipy.sparse as sp
+        m = sp.csr_matrix((self.values, self.indices, self.indptr),
+                          shape=(self.num_dst, self.num_src))
+        m.sum_duplicates()
+        return m
+
+
+@dataclass
+class MiniBatch:
+    """Seeds and their blocks; ``blocks[-1].dst_ids == seeds``, ``blocks[0].src_ids`` are the
+    input nodes whose features the first layer reads. ``index``: (epoch, step)."""
+
+    seeds: np.ndarray
+    blocks: List[Block]
+    index: Tuple[int, int] = (0, 0)
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.blocks[0].src_ids
+
+    @property
+    def sampled_edges(self) -> int:
+        return sum(b.num_sampled for b in self.blocks)
+
+
+class Relabeler:
+    """Global → local ids of one block's sources: destinations first, then new nodes ascending.
+
+    Keeps two scratch arrays of n entries (a bitmap and an id table of 4 bytes per node below
+    2³¹ nodes), clean between calls, so relabelling costs a few passes over the edges (and a
+    scan of the bitmap, or a sort of the edges' ids when the graph is much larger than the
+    block) instead of a sort of every id. Not thread-safe: each sampler worker owns one.
+    """
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = int(num_nodes)
+        self.slot = np.full(self.num_nodes, -1, index_dtype(self.num_nodes))
+        self.mark = np.zeros(self.num_nodes, bool)
+
+    def __call__(self, dst: np.ndarray, cols: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """``(src_ids, local_cols)``: src_ids (n_src,) int64 = dst then the other ids of
+        ``cols`` ascending; local_cols (E,) int64 positions of ``cols`` in src_ids."""
+        slot, r = self.slot, dst.shape[0]
+        fresh = np.zeros(0, np.int64)
+        try:
+            slot[dst] = np.arange(r, dtype=slot.dtype)
+            fresh = self._new_ids(cols, dst)
+            slot[fresh] = np.arange(r, r + fresh.shape[0], dtype=slot.dtype)
+            local = slot[cols].astype(np.int64)
+        finally:
+            slot[dst] = -1
+            slot[fresh] = -1
+        return np.concatenate([np.asarray(dst, np.int64), fresh]), local
+
+    def _new_ids(self, cols: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Distinct ids of ``cols`` not in ``dst``, ascending (``slot`` already marks dst)."""
+        if self._bitmap_pays(cols.shape[0]):
+            mark = self.mark
+            mark[cols] = True
+            mark[dst] = False
+            out = np.flatnonzero(mark)
+            mark[out] = False
+            return out
+        ids = np.unique(cols).astype(np.int64)
+        return ids[self.slot[ids] < 0]
+
+    def union(self, arrays) -> np.ndarray:
+        """Sorted distinct ids of all ``arrays`` together, int64."""
+        ids = np.concatenate(arrays) if len(arrays) else np.zeros(0, np.int64)
+        if self._bitmap_pays(ids.shape[0]):
+            self.mark[ids] = True
+            out = np.flatnonzero(self.mark)
+            self.mark[out] = False
+            return out
+        return np.unique(ids).astype(np.int64)
+
+    def _bitmap_pays(self, count: int) -> bool:
+        # a scan of n bytes against a sort of `count` ids: ~32 bytes scanned per id sorted
+        return self.num_nodes <= 32 * count
+
+
+def assemble_block(dst: np.ndarray, k: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                   self_vals: np.ndarray, relabel: Relabeler) -> Block:
+    """One block from a layer's sampled entries.
+
+    ``dst`` (R,) global ids; ``k`` (R,) entries kept per row; ``cols`` (E,) global ids and
+    ``vals`` (E,) float32 grouped by row; ``self_vals`` (R,) Â_ii, stored first in each row
+    where non-zero.
+    """
+    src_ids, local = relabel(dst, cols)
+    r = dst.shape[0]
+    has_self = self_vals != 0
+    if not has_self.any():
+        indptr = np.zeros(r + 1, np.int64)
+        np.cumsum(k, out=indptr[1:])
+        return Block(indptr, local, np.asarray(vals, np.float32), src_ids, r, int(cols.shape[0]))
+    n_self = has_self.astype(np.int64)
+    lengths = k + n_self
+    indptr = np.zeros(r + 1, np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    nnz = int(indptr[-1])
+    indices = np.empty(nnz, np.int64)
+    values = np.empty(nnz, np.float32)
+    # entry e of row i lands after the self entries of rows 0..i
+    slots = np.arange(cols.shape[0], dtype=np.int64) + np.repeat(np.cumsum(n_self), k)
+    indices[slots] = local
+    values[slots] = vals
+    self_rows = np.flatnonzero(has_self)
+    indices[indptr[self_rows]] = self_rows
+    values[indptr[self_rows]] = self_vals[self_rows]
+    return Block(indptr, indices, values, src_ids, r, int(cols.shape[0]))
+

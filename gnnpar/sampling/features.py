@@ -1,0 +1,163 @@
+"""Partitioned node features: own rows in place, remote rows from a cache or from their owners.
+
+Every rank keeps the feature rows of the vertices it owns (its shard's ``x``) and a map
+global id → (owner rank, row at the owner), 12 bytes per vertex (built once by an
+all-gather of every rank's ``global_ids``). For a macrobatch the service asks for the union
+U of its minibatches' input nodes once (:meth:`FeatureStore.fetch`):
+
+1. rows this rank owns are read in place (never copied into U's table);
+2. remote rows held in the cache (:mod:`gnnpar.sampling.cache`) are read from it;
+3. the other remote rows are requested from their owners: a P-entry all-to-all of counts,
+   one uneven all-to-all of row ids, and **one uneven all-to-all of the feature rows** (the
+   only feature traffic: ``feat_bytes`` = rows × f × itemsize, counted by
+   :class:`~gnnpar.kernels.comm.Comm` in phase ``features``; ids and counts go in phase
+   ``feature_requests``).
+
+Every rank calls :meth:`fetch` the same number of times in the same order (once per
+macrobatch, even with nothing to ask for): the all-to-alls are collectives. A sampler worker
+thread uses its own :class:`Comm` over its own process groups, so its fetches never
+interleave with the trainer's gradient all-reduces.
+
+Shapes: ``x_local`` (n_local, f); ids (U,) sorted distinct global ids; a minibatch's
+features (n_input, f) float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from gnnpar.kernels.local import as_tensor
+
+from .topology import index_dtype
+
+
+@dataclass
+class FetchStats:
+    """One fetch: distinct ids asked for, how many were remote, served by the cache, moved."""
+
+    unique: int = 0
+    remote: int = 0
+    cache_hits: int = 0
+    moved_rows: int = 0
+
+
+class FeatureStore:
+    """This rank's feature rows, the owner map and the cache (shared read-only by workers)."""
+
+    def __init__(self, x_local, global_ids: np.ndarray, owner: np.ndarray,
+                 local_index: np.ndarray, rank: int = 0):
+        self.x = as_tensor(x_local, np.float32)
+        self.global_ids = np.asarray(global_ids, np.int64)
+        self.owner = owner
+        self.local_index = local_index
+        self.rank = int(rank)
+        self.num_nodes = int(owner.shape[0])
+        self.cache_ids = np.zeros(0, np.int64)
+        self.cache_rows = self.x.new_zeros((0, self.x.shape[1]))
+        self.cache_slot: Optional[np.ndarray] = None
+
+    @property
+    def row_bytes(self) -> int:
+        return int(self.x.shape[1] * self.x.element_size())
+
+    @classmethod
+    def local(cls, x) -> "FeatureStore":
+        """Every row on this one process (serial runs)."""
+        n = int(np.asarray(x).shape[0]) if not isinstance(x, torch.Tensor) else int(x.shape[0])
+        ids = np.arange(n, dtype=np.int64)
+        return cls(x, ids, np.zeros(n, np.int32), ids.astype(index_dtype(n)), 0)
+
+    @classmethod
+    def from_shard(cls, shard, comm, axes) -> "FeatureStore":
+        """Own rows from ``shard``; owner map from every rank's ``global_ids`` (setup traffic,
+        counted in ``comm``'s current phase)."""
+        ids = as_tensor(shard.global_ids, np.int64)
+        sizes = [int(t) for t in torch.cat(comm.all_gather(torch.tensor([ids.shape[0]]), axes))]
+        parts = comm.all_gather(ids, axes, sizes)
+        n = int(shard.n_global)
+        owner = np.full(n, -1, np.int32)
+        local_index = np.zeros(n, index_dtype(n))
+        for r, part in enumerate(parts):  # one vectorised assignment per rank
+            owner[part.numpy()] = r
+            local_index[part.numpy()] = np.arange(part.shape[0])
+        if (owner < 0).any():
+            raise ValueError("the shards' global_ids do not cover every vertex")
+        me = comm.grid.ranks_of(axes).index(comm.grid.rank)
+        return cls(shard.x, shard.global_ids, owner, local_index, me)
+
+    def set_cache(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        """Hold ``rows`` (C, f) of remote vertices ``ids`` (C,) sorted distinct."""
+        self.cache_ids = np.asarray(ids, np.int64)
+        self.cache_rows = rows
+        self.cache_slot = np.full(self.num_nodes, -1, index_dtype(self.num_nodes))
+        self.cache_slot[self.cache_ids] = np.arange(self.cache_ids.shape[0])
+
+    def cache_bytes(self) -> int:
+        return int(self.cache_rows.numel() * self.cache_rows.element_size())
+
+    # ------------------------------------------------------------------ fetching
+    def fetch(self, ids: np.ndarray, comm=None, axes=None, use_cache: bool = True):
+        """``(table, stats)`` for sorted distinct global ``ids``: ``table`` serves any subset
+        of ``ids`` (:meth:`MacroFeatures.gather`). Collective when ``comm`` spans ranks."""
+        ids = np.asarray(ids, np.int64)
+        remote = ids[self.owner[ids] != self.rank]
+        stats = FetchStats(unique=int(ids.shape[0]), remote=int(remote.shape[0]))
+        rows = self.x.new_empty((remote.shape[0], self.x.shape[1]))
+        hit = np.zeros(remote.shape[0], bool)
+        if use_cache and self.cache_slot is not None and remote.size:
+            slot = self.cache_slot[remote]
+            hit = slot >= 0
+            if hit.any():
+                rows[torch.from_numpy(np.flatnonzero(hit))] = self.cache_rows[
+                    torch.from_numpy(slot[hit].astype(np.int64))]
+            stats.cache_hits = int(hit.sum())
+        miss = remote[~hit]
+        if comm is not None:
+            rows[torch.from_numpy(np.flatnonzero(~hit))] = self._from_owners(miss, comm, axes)
+            stats.moved_rows = int(miss.shape[0])
+        elif miss.size:
+            raise ValueError(f"{miss.size} remote rows asked for without a communicator")
+        return MacroFeatures(self, remote, rows), stats
+
+    def _from_owners(self, miss: np.ndarray, comm, axes) -> torch.Tensor:
+        """Rows of ``miss`` (sorted ids, none owned here, none cached) from their owners."""
+        size = len(comm.grid.ranks_of(axes))
+        own = self.owner[miss].astype(np.int64)
+        order = np.argsort(own, kind="stable")
+        send_counts = np.bincount(own, minlength=size)
+        with comm.in_phase("feature_requests"):
+            recv_counts = comm.all_to_all(torch.as_tensor(send_counts).reshape(size, 1),
+                                          [1] * size, [1] * size, axes).reshape(-1).numpy()
+            want = torch.as_tensor(self.local_index[miss[order]].astype(np.int64))
+            asked = comm.all_to_all(want, send_counts, recv_counts, axes)
+        with comm.in_phase("features"):
+            got = comm.all_to_all(self.x.index_select(0, asked), recv_counts, send_counts, axes)
+        out = torch.empty_like(got)
+        out[torch.from_numpy(order)] = got
+        return out
+
+
+class MacroFeatures:
+    """Feature rows of one macrobatch: own rows read in place, remote rows in a small table."""
+
+    def __init__(self, store: FeatureStore, remote_ids: np.ndarray, remote_rows: torch.Tensor):
+        self.store, self.remote_ids, self.remote_rows = store, remote_ids, remote_rows
+
+    def gather(self, ids: np.ndarray) -> torch.Tensor:
+        """(len(ids), f) rows of ``ids`` (each one of the fetched ids), in that order."""
+        st = self.store
+        ids = np.asarray(ids, np.int64)
+        if not self.remote_ids.size:
+            return st.x.index_select(0, torch.from_numpy(st.local_index[ids].astype(np.int64)))
+        mine = st.owner[ids] == st.rank
+        out = st.x.new_empty((ids.shape[0], st.x.shape[1]))
+        at = np.flatnonzero(mine)
+        out[torch.from_numpy(at)] = st.x.index_select(
+            0, torch.from_numpy(st.local_index[ids[at]].astype(np.int64)))
+        at = np.flatnonzero(~mine)
+        pos = np.searchsorted(self.remote_ids, ids[at])
+        out[torch.from_numpy(at)] = self.remote_rows.index_select(0, torch.from_numpy(pos))
+        return out

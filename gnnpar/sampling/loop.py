@@ -1,0 +1,155 @@
+"""Mini-batch training: one sampled minibatch per step, data parallel over the ranks.
+
+Step s on every rank: take the next ready minibatch, run ``model(ops, x)`` on its blocks,
+sum the cross-entropy of its seeds and divide by the step's *global* seed count
+(:meth:`~gnnpar.sampling.seeds.EpochPlan.global_count`), backpropagate, sum the gradients
+over the ranks, step the optimiser. The summed gradient is then exactly the gradient of the
+mean loss over all ranks' seeds of that step, as if one process had sampled them all.
+
+How a minibatch's blocks run and how gradients are combined is the *engine*'s business
+(:class:`DataParallel`: local SpMM per block, one flat all-reduce over the data axis). The
+grouped variants (``--algo 4d`` with d > 1, ``--group-size g``: a group of ranks runs one
+sampled subgraph with a distributed bipartite SpMM and gradients are reduced over the data
+axis only) plug in here as another engine with the same three methods; they wait for the
+kernels to accept rectangular n_dst × n_src blocks.
+
+Evaluation is **full-neighbourhood layer-wise inference**: one forward pass of the whole
+graph with the exact Â (serial SpMM, or the 1D halo-exchange SpMM over the shards), layer by
+layer, no sampling and no gradient — the accuracies are those of the full-batch model.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+from torch.nn import functional as F
+
+from gnnpar.memory import peak_memory_bytes
+from gnnpar.trainer import TrainConfig, evaluate, sync_device
+
+from .service import MacrobatchService, SamplingStats
+
+
+class DataParallel:
+    """Plain data parallelism over grid axes ``axes`` of ``comm`` (serial when comm is None).
+
+    ``sync_grads`` sums every parameter's gradient (zeros where a step produced none, so every
+    rank all-reduces the same number of elements) in one flat all-reduce, phase ``grad_sync``.
+    """
+
+    def __init__(self, comm=None, axes="data"):
+        self.comm, self.axes = comm, axes
+        self.world = 1 if comm is None else len(comm.grid.ranks_of(axes))
+
+    def operators(self, batch):
+        return batch.ops
+
+    def sync_grads(self, params) -> None:
+        if self.world == 1:
+            return
+        params = list(params)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        with self.comm.in_phase("grad_sync"):
+            self.comm.all_reduce(flat, self.axes)
+        offset = 0
+        for p in params:
+            g = flat[offset:offset + p.numel()].view_as(p)
+            p.grad = g.clone() if p.grad is None else p.grad.copy_(g)
+            offset += p.numel()
+
+    # -- metric reductions: small, not the algorithm's traffic, not counted
+    def all_reduce(self, t: torch.Tensor, op="sum") -> torch.Tensor:
+        if self.world == 1:
+            return t
+        import torch.distributed as dist
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX,
+                        group=self.comm.grid.group(self.axes))
+        return t
+
+    def comm_stats(self):
+        """(bytes this rank sent, seconds) of the trainer's collectives since the last call."""
+        if self.comm is None:
+            return 0, 0.0
+        nbytes, _, seconds = self.comm.reset()
+        return nbytes, seconds
+
+
+def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
+                stats: SamplingStats) -> torch.Tensor:
+    """One epoch of steps; returns this rank's summed loss (float64)."""
+    model.train()
+    plan = service.plan
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for batch in service.epoch(epoch, stats):
+        opt.zero_grad(set_to_none=True)
+        out = model(engine.operators(batch), batch.x)
+        loss = F.cross_entropy(out, batch.y, reduction="sum")
+        (loss / max(plan.global_count(batch.step), 1)).backward()
+        engine.sync_grads(model.parameters())
+        opt.step()
+        loss_sum += loss.detach().to(torch.float64)
+    return loss_sum
+
+
+def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: TrainConfig,
+                  on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0):
+    """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_rt`` is a full-batch runtime
+    (``op``, ``x``, ``y``, ``masks``, ``all_reduce_sum``) used only to evaluate. Returns the
+    epoch records (DESIGN.md's fields plus the sampling ones)."""
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    engine.comm_stats()
+    service.start(start_epoch, cfg.epochs)
+    history = []
+    accs = {f"{s}_acc": float("nan") for s in ("train", "val", "test")}
+    try:
+        for epoch in range(start_epoch, cfg.epochs):
+            t0 = time.perf_counter()
+            stats = SamplingStats()
+            loss_sum = train_epoch(model, opt, service, epoch, engine, stats)
+            train_s = time.perf_counter() - t0
+            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+                accs = evaluate(model, eval_rt)
+            sync_device(next(model.parameters()).device)
+            epoch_s = time.perf_counter() - t0
+            grad_bytes, comm_s = engine.comm_stats()
+            rec = {"epoch": epoch, **accs, "epoch_s": epoch_s, "train_s": train_s}
+            rec.update(_reduced(engine, loss_sum, service.plan.total, grad_bytes, comm_s, stats))
+            rec["compute_s"] = max(epoch_s - rec["comm_s"] - rec["stall_s"], 0.0)
+            rec["peak_mem_bytes"] = peak_memory_bytes(next(model.parameters()).device,
+                                                      _MaxReducer(engine))
+            history.append(rec)
+            if on_epoch is not None:
+                on_epoch(rec)
+    finally:
+        service.close()
+    return history
+
+
+class _MaxReducer:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def all_reduce_max(self, value: int) -> int:
+        return int(self.engine.all_reduce(torch.tensor([float(value)], dtype=torch.float64),
+                                          "max")[0])
+
+
+def _reduced(engine, loss_sum, total, grad_bytes, comm_s, st: SamplingStats) -> dict:
+    """The epoch's metrics over all ranks: sums of counts, max of times."""
+    mine_bytes = grad_bytes + st.comm_bytes
+    sums = engine.all_reduce(torch.tensor(
+        [float(loss_sum), mine_bytes, st.sampled_edges, st.input_nodes, st.unique_input_nodes,
+         st.remote_rows, st.cache_hits, st.feat_bytes], dtype=torch.float64))
+    maxes = engine.all_reduce(torch.tensor([mine_bytes, comm_s, st.sampler_s, st.stall_s],
+                                           dtype=torch.float64), "max")
+    remote, hits = float(sums[5]), float(sums[6])
+    return {"loss": float(sums[0]) / max(total, 1), "comm_s": float(maxes[1]),
+            "comm_bytes": int(sums[1]), "comm_bytes_max_rank": int(maxes[0]),
+            "steps": st.steps, "sampled_edges": int(sums[2]),
+            "input_nodes": int(sums[3]), "unique_input_nodes": int(sums[4]),
+            "feat_bytes": int(sums[7]), "cache_hit_rate": hits / remote if remote else 0.0,
+            "sampler_s": float(maxes[2]), "stall_s": float(maxes[3])}
+

@@ -1,0 +1,73 @@
+"""The ``gnnpar-train`` flags of mini-batch training and their checks (no heavy imports)."""
+from __future__ import annotations
+
+import argparse
+
+from gnnpar.datasets import InputError
+
+MODES = ("fullbatch", "minibatch")
+#: flags that mean nothing in full-batch mode -> the value that means "not given"
+MINIBATCH_ONLY = {"fanouts": None, "batch_size": None, "macrobatch": None}
+
+
+def add_minibatch_args(p: argparse.ArgumentParser) -> None:
+    b = p.add_argument_group("mini-batch training (--mode minibatch)")
+    b.add_argument("--mode", default="fullbatch", choices=MODES,
+                   help="fullbatch: every node every step; minibatch: sampled minibatches, "
+                        "data parallel over the ranks")
+    b.add_argument("--fanouts", default=None,
+                   help="neighbours sampled per layer, input layer first (DGL order: the "
+                        "seeds draw the last), -1 = all; one per --layers, e.g. 15,10,5")
+    b.add_argument("--batch-size", type=int, default=None,
+                   help="seed nodes per minibatch on the rank with the most seeds")
+    b.add_argument("--macrobatch", type=int, default=None,
+                   help="minibatches sampled together whose input features are fetched once "
+                        "(default 1)")
+    b.add_argument("--sampler-workers", type=int, default=1,
+                   help="sampler threads per rank running ahead of the trainer")
+    b.add_argument("--prefetch", type=int, default=2,
+                   help="macrobatches a rank's samplers may have ready ahead of the trainer")
+    b.add_argument("--cache-frac", type=float, default=0.0,
+                   help="fraction of the remote vertices whose feature rows a rank keeps (0-1)")
+    b.add_argument("--cache-policy", default="degree", choices=("degree", "presample"),
+                   help="which remote rows to cache: most-referenced vertices, or the most "
+                        "frequent inputs of a pre-sampling pass")
+    b.add_argument("--replace", action="store_true",
+                   help="sample neighbours with replacement")
+    b.add_argument("--replicate-graph", default=True, action=argparse.BooleanOptionalAction,
+                   help="every rank holds the whole sampling structure (the partitioned "
+                        "alternative is not implemented)")
+    b.add_argument("--group-size", type=int, default=None,
+                   help="ranks sharing one sampled subgraph (not implemented: needs the "
+                        "bipartite distributed kernels)")
+
+
+def check_mode_args(args) -> None:
+    """Refuse mini-batch flags outside ``--mode minibatch`` and impossible mini-batch settings."""
+    if args.mode != "minibatch":
+        for name, unused in MINIBATCH_ONLY.items():
+            if getattr(args, name) != unused:
+                raise InputError(f"--{name.replace('_', '-')} needs --mode minibatch")
+        return
+    from .neighbor import parse_fanouts
+    if args.fanouts is None or args.batch_size is None:
+        raise InputError("--mode minibatch needs --fanouts (one per layer, e.g. 15,10,5) and "
+                         "--batch-size")
+    fanouts = parse_fanouts(args.fanouts)
+    if len(fanouts) != args.layers:
+        raise InputError(f"--fanouts gives {len(fanouts)} layer(s) but --layers is {args.layers}")
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag, value in (("--macrobatch", args.macrobatch or 1),
+                        ("--sampler-workers", args.sampler_workers), ("--prefetch", args.prefetch)):
+        if value < 1:
+            raise InputError(f"{flag} must be >= 1, got {value}")
+    if not 0.0 <= args.cache_frac <= 1.0:
+        raise InputError(f"--cache-frac must be in [0, 1], got {args.cache_frac}")
+    if args.algo != "serial" or (args.group_size or 1) > 1:
+        raise InputError("--mode minibatch runs data parallel (omit --algo); splitting a sampled "
+                         "subgraph over a group of ranks (--algo 1d..4d, --group-size) is not "
+                         "implemented yet")
+    if not args.replicate_graph:
+        raise InputError("--no-replicate-graph (a partitioned sampling structure) is not "
+                         "implemented yet; the replicated structure is the default")

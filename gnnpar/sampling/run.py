@@ -1,0 +1,198 @@
+"""``gnnpar-train --mode minibatch``: build the pieces for one process or for one rank.
+
+Serial (one process, the reference)::
+
+    gnnpar-train --mode minibatch --dataset rmat:scale=17,ef=16 --model sage \\
+        --fanouts 15,10,5 --batch-size 1024 --macrobatch 4 --sampler-workers 1 --prefetch 2
+
+Data parallel on N local ranks (shards written once, features stay partitioned)::
+
+    gnnpar-train --mode minibatch --nprocs 4 --fanouts 10,5 --batch-size 1024 \\
+        --macrobatch 16 --cache-frac 0.1
+
+Per rank: the replicated sampling topology (:mod:`~gnnpar.sampling.topology`, gathered from
+the shards), its own feature rows plus the owner map and cache
+(:mod:`~gnnpar.sampling.features`), its training seeds, and one process group per sampler
+worker besides the trainer's (gradients) and the evaluator's (halo exchange).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import DEFAULT_SPEC, load_dataset
+from gnnpar.kernels.local import as_tensor
+
+from .bulk import BulkSampler
+from .cache import PRESAMPLE_EPOCH, cache_size, choose_cache
+from .features import FeatureStore
+from .loop import DataParallel, fit_minibatch
+from .neighbor import SamplerConfig, batch_rng
+from .seeds import EpochPlan
+from .service import MacrobatchService, ServiceConfig
+from .topology import Topology, gather_topology
+
+#: minibatches the ``presample`` cache policy samples at setup (at most one epoch's).
+PROBE_STEPS = 32
+
+
+def _service_cfg(args, device) -> ServiceConfig:
+    return ServiceConfig(macrobatch=args.macrobatch or 1, workers=args.sampler_workers,
+                         prefetch=args.prefetch, seed=args.seed, device=str(device))
+
+
+def _train_cfg(args):
+    from gnnpar.trainer import TrainConfig
+    return TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
+
+
+def run_serial_cli(args, device) -> dict:
+    """One process, whole graph in memory: train, log, save; returns the final record."""
+    from gnnpar.models import build_model
+    from gnnpar.serial import SerialRuntime
+    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
+                         cache_dir=args.cache_dir)
+    if not args.quiet:
+        print(graph.summary(), file=sys.stderr)
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, graph.num_features, args.hidden, graph.num_classes,
+                        args.layers, args.dropout).to(device)
+    topo = Topology.from_graph(graph, (model.norm,))
+    store = FeatureStore.local(graph.x)
+    seeds = np.flatnonzero(np.asarray(graph.train_mask))
+    plan = EpochPlan(seeds, [seeds.shape[0]], 0, args.batch_size, args.seed)
+    service = MacrobatchService(topo, store, plan,
+                                SamplerConfig(args.fanouts, model.norm, args.replace),
+                                _service_cfg(args, device),
+                                torch.as_tensor(np.asarray(graph.y, np.int64)))
+    eval_rt = SerialRuntime(graph, model.norm, device)
+    info = {"topology_bytes": topo.nbytes(), "cache_rows": 0}
+    return _train_and_log(model, service, DataParallel(), eval_rt, args, 1, info, True,
+                          {"f_in": graph.num_features, "f_out": graph.num_classes})
+
+
+def _train_and_log(model, service, engine, eval_rt, args, world, info, lead, shapes) -> dict:
+    """Fit with a JSON line per epoch (lead rank), then the final record and saved weights."""
+    from gnnpar.cli_common import JsonLog, progress
+    from gnnpar.train import final_metrics
+    cfg = _train_cfg(args)
+    fields = {"algo": "data-parallel" if world > 1 else "serial", "world_size": world,
+              "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood"}
+    log = JsonLog(args.log_json if lead else None)
+    bar = progress(cfg.epochs, f"minibatch x{world}", lead and not args.quiet)
+
+    def on_epoch(rec):
+        log.write({**rec, **fields})
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
+
+    try:
+        history = fit_minibatch(model, service, engine, eval_rt, cfg, on_epoch)
+    finally:
+        bar.close()
+    final = {"final": True, **fields, **final_metrics(history), **final_sampling(history), **info}
+    log.write(final)
+    log.close()
+    if lead and args.save_model:
+        torch.save({"state_dict": model.state_dict(), "model": args.model, "layers": args.layers,
+                    "hidden": args.hidden, **shapes}, args.save_model)
+    return final
+
+
+class _EvalRuntime:
+    """What :func:`gnnpar.trainer.evaluate` needs: the 1D halo-exchange operator over this
+    rank's rows, the rows' features (shared with the feature store), labels and masks."""
+
+    def __init__(self, shard, grid, store: FeatureStore, norm: str, device):
+        from gnnpar.kernels.build import build_operator
+        from gnnpar.kernels.comm import Comm
+        self.comm = Comm(grid)
+        with self.comm.in_phase("setup"):
+            self.op = build_operator("1d-halo", shard, self.comm, norm, device)
+        self.x = store.x.to(device)
+        self.y = as_tensor(shard.y, np.int64).to(device)
+        self.masks = {s: as_tensor(getattr(shard, f"{s}_mask"), np.bool_).to(device)
+                      for s in ("train", "val", "test")}
+        self.group = grid.group("row")
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        t = t.clone()
+        if self.comm.grid.world_size > 1:
+            dist.all_reduce(t, group=self.group)
+        return t
+
+
+def build_rank(rank: int, world: int, shard, args, norm: str, device):
+    """Everything rank ``rank`` needs but the model: (service, engine, eval runtime, info)."""
+    from gnnpar.kernels.comm import Comm
+    from gnnpar.kernels.grid import ProcessGrid
+    grid = ProcessGrid.create({"data": world})
+    comm = Comm(grid)
+    with comm.in_phase("setup"):
+        topo = gather_topology(shard, comm, "data", (norm,))
+        store = FeatureStore.from_shard(shard, comm, "data")
+        seeds = np.asarray(shard.global_ids)[np.asarray(shard.train_mask)]
+        counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
+                                                             "data"))]
+    plan = EpochPlan(seeds, counts, rank, args.batch_size, args.seed)
+    sampler = SamplerConfig(args.fanouts, norm, args.replace)
+    n_cache = cache_size(args.cache_frac, topo.num_nodes, shard.n_local)
+    probe = None
+    if args.cache_policy == "presample" and n_cache:
+        probe = _presample_inputs(topo, sampler, plan, args.seed)
+    ids = choose_cache(args.cache_policy, topo, store.owner != store.rank, n_cache, probe)
+    with comm.in_phase("setup"):
+        table, _ = store.fetch(ids, comm, "data", use_cache=False)
+    store.set_cache(ids, table.remote_rows)
+    workers = [(Comm(ProcessGrid.create({"data": world})), "data")
+               for _ in range(args.sampler_workers)]
+    eval_rt = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
+    service = MacrobatchService(topo, store, plan, sampler, _service_cfg(args, device),
+                                as_tensor(shard.y, np.int64), workers)
+    setup_bytes, _, _ = comm.reset()
+    info = {"topology_bytes": topo.nbytes(), "cache_rows": int(ids.shape[0]),
+            "cache_bytes": store.cache_bytes(), "setup_bytes": setup_bytes}
+    return service, DataParallel(comm, "data"), eval_rt, info
+
+
+def _presample_inputs(topo, sampler: SamplerConfig, plan: EpochPlan, seed: int) -> list:
+    """Input ids of up to PROBE_STEPS minibatches of this rank's seeds (own epoch tag)."""
+    steps = min(plan.steps, PROBE_STEPS)
+    seeds = plan.minibatches(PRESAMPLE_EPOCH)[:steps]
+    rngs = [batch_rng(seed, PRESAMPLE_EPOCH, plan.stream, s) for s in range(steps)]
+    return [b[0].src_ids for b in BulkSampler(topo, sampler).sample(seeds, rngs)]
+
+
+def minibatch_rank(rank: int, world: int, args, shard_dir, device) -> dict:
+    """One rank of a data-parallel minibatch run (process group up); the final record."""
+    from gnnpar.models import build_model
+    shard = _load_shard(rank, world, args, shard_dir)
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    f_in, f_out = int(shard.x.shape[1]), int(shard.num_classes)
+    model = build_model(args.model, f_in, args.hidden, f_out, args.layers,
+                        args.dropout).to(device)
+    service, engine, eval_rt, info = build_rank(rank, world, shard, args, model.norm, device)
+    torch.manual_seed(args.seed * 1000003 + rank)  # dropout masks differ between ranks
+    return _train_and_log(model, service, engine, eval_rt, args, world, info, rank == 0,
+                          {"f_in": f_in, "f_out": f_out})
+
+
+def _load_shard(rank: int, world: int, args, shard_dir):
+    from gnnpar.partitioners.shards import load_shard
+    if shard_dir is not None:
+        return load_shard(shard_dir, rank, world_size=world)
+    from gnnpar.partitioners import partition_graph
+    from gnnpar.partitioners.shard_build import build_shard
+    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed)
+    return build_shard(graph, partition_graph(graph, world, args.partitioner or "block",
+                                              seed=args.seed), rank)
+
+
+def final_sampling(history) -> dict:
+    """Run totals of the sampling fields for the final JSON record."""
+    keys = ("sampled_edges", "input_nodes", "unique_input_nodes", "feat_bytes", "sampler_s",
+            "stall_s")
+    return {k: sum(r[k] for r in history) for k in keys} if history else {}

@@ -1,0 +1,248 @@
+"""The macrobatch service: sampler threads that run ahead of the trainer.
+
+Work is cut into macrobatches of K consecutive minibatches (``--macrobatch K``); task t is
+macrobatch t of the run (epochs follow each other, so sampling of the next epoch overlaps
+the evaluation at the end of this one). Worker thread w (``--sampler-workers W``) takes
+tasks w, w+W, w+2W, … and for each one
+
+1. samples its K minibatches at once (:class:`~gnnpar.sampling.bulk.BulkSampler`, or one by
+   one with ``bulk=False``; the blocks are identical either way);
+2. takes the union U of their input nodes and fetches each row of U once
+   (:meth:`~gnnpar.sampling.features.FeatureStore.fetch`; with K = 1 every minibatch fetches
+   its own inputs, with larger K a row shared by several minibatches moves once);
+3. assembles ready minibatches: SpMM operators of the blocks, input features, seed labels.
+
+Task t may start only once the trainer has taken task t − D (``--prefetch D``), so at most
+D macrobatches wait ready and memory stays bounded; the trainer takes tasks in order, and
+the time it waits is ``stall_s``. A task depends only on (seed, epoch, rank, step), so
+blocks are the same for every W and D. A worker's feature fetches are collectives on its own
+communicator: worker w of every rank runs the same task sequence, so they pair up.
+
+Threads, not processes: the samplers are numpy/torch code that releases the GIL in its
+array passes, the topology and features are shared without copies, and the collectives stay
+in this process's groups.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import InputError
+
+from .blocks import Block, Relabeler
+from .bulk import BulkSampler
+from .neighbor import NeighborSampler, SamplerConfig, batch_rng
+from .seeds import EpochPlan
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """macrobatch: minibatches sampled and fetched together, K ≥ 1 (default 1);
+    workers: sampler threads, ≥ 1 (default 1); prefetch: macrobatches allowed ahead of the
+    trainer, ≥ 1 (default 2); bulk: sample a macrobatch with the bulk matrix sampler (else
+    minibatch by minibatch); seed: of every draw; device: of operators and features."""
+
+    macrobatch: int = 1
+    workers: int = 1
+    prefetch: int = 2
+    bulk: bool = True
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name, flag in (("macrobatch", "--macrobatch"), ("workers", "--sampler-workers"),
+                           ("prefetch", "--prefetch")):
+            if getattr(self, name) < 1:
+                raise InputError(f"{flag} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class ReadyBatch:
+    """One minibatch ready for a step: ``model(ops, x)`` gives the logits of ``seeds``.
+
+    Shapes: seeds, y (B,); x (n_input, f); ops/blocks: L, input layer first."""
+
+    epoch: int
+    step: int
+    seeds: np.ndarray
+    blocks: List[Block]
+    ops: list
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+@dataclass
+class SamplingStats:
+    """Per-rank counters of the ready macrobatches (summed over an epoch by the trainer).
+    ``feat_bytes``: feature rows this rank sent; ``comm_bytes``: everything its fetches sent
+    (rows, ids, counts); ``sampler_s``: producer time (sampling, fetch, assembly)."""
+
+    steps: int = 0
+    sampled_edges: int = 0
+    input_nodes: int = 0
+    unique_input_nodes: int = 0
+    remote_rows: int = 0
+    cache_hits: int = 0
+    feat_bytes: int = 0
+    comm_bytes: int = 0
+    sampler_s: float = 0.0
+    stall_s: float = 0.0
+
+    def add(self, other: "SamplingStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class _Macro:
+    batches: List[ReadyBatch]
+    stats: SamplingStats
+
+
+@dataclass
+class _Shared:
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    ready: Dict[int, _Macro] = field(default_factory=dict)
+    taken: int = 0
+    stop: bool = False
+    error: Optional[BaseException] = None
+
+
+class MacrobatchService:
+    """Produces :class:`ReadyBatch` es for epochs ``[start, end)`` of ``plan``.
+
+    ``store``: :class:`~gnnpar.sampling.features.FeatureStore`; ``labels``: (n_local,) int64
+    labels of the rows this rank owns; ``comms``: one ``(Comm, axes)`` per worker for
+    distributed fetches (None serially).
+    """
+
+    def __init__(self, topo, store, plan: EpochPlan, sampler: SamplerConfig, cfg: ServiceConfig,
+                 labels: torch.Tensor, comms=None):
+        if comms is not None and len(comms) != cfg.workers:
+            raise ValueError(f"need one communicator per worker: {len(comms)} for {cfg.workers}")
+        self.topo, self.store, self.plan, self.cfg = topo, store, plan, cfg
+        self.sampler = (BulkSampler if cfg.bulk else NeighborSampler)(topo, sampler)
+        self.labels = labels
+        self.comms = comms
+        self.device = torch.device(cfg.device)
+        self.per_epoch = -(-plan.steps // cfg.macrobatch)
+        self._seeds: Dict[int, List[np.ndarray]] = {}
+        self._seeds_lock = threading.Lock()
+        self._shared = _Shared()
+        self._threads: List[threading.Thread] = []
+        self._next = 0
+        self.start_epoch = self.end_epoch = 0
+
+    # ------------------------------------------------------------------ trainer side
+    def start(self, start_epoch: int, end_epoch: int) -> "MacrobatchService":
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        total = max(0, end_epoch - start_epoch) * self.per_epoch
+        for w in range(self.cfg.workers):
+            t = threading.Thread(target=self._work, args=(w, total), daemon=True,
+                                 name=f"gnnpar-sampler-{w}")
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def epoch(self, epoch: int, stats: SamplingStats):
+        """Yield the ``plan.steps`` ready minibatches of ``epoch`` in step order, adding the
+        sampling counters and the time spent waiting to ``stats``."""
+        for _ in range(self.per_epoch):
+            t = self._next
+            if t // self.per_epoch + self.start_epoch != epoch:
+                raise RuntimeError(f"epoch {epoch} asked for out of order")
+            sh = self._shared
+            t0 = time.perf_counter()
+            with sh.cond:
+                while t not in sh.ready and sh.error is None:
+                    sh.cond.wait()
+                if sh.error is not None:
+                    raise RuntimeError(f"sampler worker failed: {sh.error!r}") from sh.error
+                macro = sh.ready.pop(t)
+                sh.taken = t + 1
+                sh.cond.notify_all()
+            self._next = t + 1
+            macro.stats.stall_s = time.perf_counter() - t0
+            stats.add(macro.stats)
+            yield from macro.batches
+
+    def close(self, timeout: float = 5.0) -> None:
+        sh = self._shared
+        with sh.cond:
+            sh.stop = True
+            sh.cond.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+
+    # ------------------------------------------------------------------ worker side
+    def _work(self, w: int, total: int) -> None:
+        sh = self._shared
+        relabel = Relabeler(self.topo.num_nodes)
+        comm, axes = self.comms[w] if self.comms is not None else (None, None)
+        for t in range(w, total, self.cfg.workers):
+            with sh.cond:
+                while t >= sh.taken + self.cfg.prefetch and not sh.stop:
+                    sh.cond.wait()
+                if sh.stop:
+                    return
+            try:
+                macro = self.produce(self.start_epoch + t // self.per_epoch, t % self.per_epoch,
+                                     relabel, comm, axes)
+            except BaseException as e:  # noqa: BLE001 - handed to the trainer
+                with sh.cond:
+                    sh.error = e
+                    sh.cond.notify_all()
+                return
+            with sh.cond:
+                sh.ready[t] = macro
+                sh.cond.notify_all()
+
+    def _epoch_seeds(self, epoch: int) -> List[np.ndarray]:
+        with self._seeds_lock:
+            if epoch not in self._seeds:
+                for old in [e for e in self._seeds if e < epoch - 1]:
+                    del self._seeds[old]
+                self._seeds[epoch] = self.plan.minibatches(epoch)
+            return self._seeds[epoch]
+
+    def produce(self, epoch: int, m: int, relabel: Relabeler, comm=None, axes=None) -> _Macro:
+        """Macrobatch ``m`` of ``epoch``: sample, fetch features once, assemble."""
+        t0 = time.perf_counter()
+        K, plan, st = self.cfg.macrobatch, self.plan, self.store
+        steps = range(m * K, min((m + 1) * K, plan.steps))
+        seeds = [self._epoch_seeds(epoch)[s] for s in steps]
+        rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
+        if isinstance(self.sampler, BulkSampler):
+            blocks = self.sampler.sample(seeds, rngs, relabel)
+        else:
+            blocks = [self.sampler.sample(s, r, relabel) for s, r in zip(seeds, rngs)]
+        inputs = [b[0].src_ids for b in blocks]
+        union = relabel.union(inputs)
+        before = _sent_bytes(comm)
+        table, fetched = st.fetch(union, comm, axes)
+        after = _sent_bytes(comm)
+        stats = SamplingStats(
+            steps=len(steps), sampled_edges=sum(blk.num_sampled for b in blocks for blk in b),
+            input_nodes=sum(int(i.shape[0]) for i in inputs), unique_input_nodes=fetched.unique,
+            remote_rows=fetched.remote, cache_hits=fetched.cache_hits,
+            feat_bytes=after[0] - before[0], comm_bytes=after[1] - before[1])
+        ready = []
+        for s, sd, bl, inp in zip(steps, seeds, blocks, inputs):
+            y = self.labels[torch.from_numpy(st.local_index[sd].astype(np.int64))]
+            ready.append(ReadyBatch(epoch, s, sd, bl, [b.operator(self.device) for b in bl],
+                                    table.gather(inp).to(self.device), y.to(self.device)))
+        stats.sampler_s = time.perf_counter() - t0
+        return _Macro(ready, stats)
+
+
+def _sent_bytes(comm):
+    """(feature-row bytes, all bytes) this worker's communicator has sent so far."""
+    if comm is None:
+        return 0, 0
+    return (sum(b for (axis, phase), b in comm.bytes.items() if phase == "features"),
+            comm.total_bytes())
