@@ -1,0 +1,209 @@
+"""gnnpar.watchdog: SIGKILL of one rank mid-loop makes every other rank exit non-zero within
+timeout + 30 s naming the lost rank and its phase, with no process left; a hung rank is named;
+a clean finish raises no alarm; SIGTERM on one rank checkpoints on all, then exit 143."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gnnpar.bootstrap import free_port
+from gnnpar.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog, die_with_parent,
+                             on_sigterm)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "watchdog_worker.py")
+TIMEOUT = 4.0
+
+
+def launch(world, init, out, mode):
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1",
+           "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    return [subprocess.Popen([sys.executable, WORKER, str(r), str(world), init, str(out), mode,
+                              str(TIMEOUT)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+            for r in range(world)]
+
+
+def wait_for(path_fn, world, procs, limit=90):
+    deadline = time.monotonic() + limit
+    while not all(os.path.exists(path_fn(r)) for r in range(world)):
+        dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
+        assert not dead, f"ranks died early: {dead}: " + "".join(p.stderr.read() for p in procs
+                                                                  if p.poll() is not None)
+        assert time.monotonic() < deadline, "ranks never got going"
+        time.sleep(0.1)
+
+
+def finish(procs, limit):
+    """Wait for every process up to ``limit`` seconds; kill leftovers and fail if any."""
+    deadline = time.monotonic() + limit
+    try:
+        for p in procs:
+            p.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        left = [p.pid for p in procs if p.poll() is None]
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert not left, f"processes still running after {limit:.0f} s: {left}"
+    return [(p.returncode, p.stderr.read()) for p in procs]
+
+
+def init_method(kind, tmp_path):
+    if kind == "tcp":
+        return f"tcp://127.0.0.1:{free_port('127.0.0.1')}"
+    return f"file://{tmp_path}/store"
+
+
+@pytest.mark.parametrize("kind, world, victim", [("tcp", 4, 2), ("tcp", 3, 0), ("file", 3, 1)])
+def test_sigkill_of_one_rank_is_named_on_every_other(tmp_path, kind, world, victim):
+    procs = launch(world, init_method(kind, tmp_path), tmp_path, "loop")
+    try:
+        wait_for(lambda r: tmp_path / f"ready-{r}", world, procs)
+        time.sleep(1.0)  # a few beats into the loop
+        killed_at = time.monotonic()
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        results = finish(procs, TIMEOUT + 30)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert elapsed < TIMEOUT + 30
+    assert results[victim][0] == -signal.SIGKILL
+    for r, (code, err) in enumerate(results):
+        if r == victim:
+            continue
+        assert code == EXIT_PEER_LOST, (r, code, err)
+        assert f"gnnpar: rank {victim} lost during epoch " in err, (r, err)
+        assert f"; rank {r} stops" in err
+        assert "Traceback" not in err, err
+
+
+def test_hung_rank_is_named(tmp_path):
+    procs = launch(3, init_method("tcp", tmp_path), tmp_path, "hang1")
+    results = finish(procs, 60)
+    for r, (code, err) in enumerate(results):
+        assert code == EXIT_PEER_LOST, (r, code, err)
+        assert "gnnpar: rank 1 hung during epoch 2/forward" in err, (r, err)
+
+
+def test_clean_finish_raises_no_alarm(tmp_path):
+    procs = launch(3, init_method("tcp", tmp_path), tmp_path, "finish")
+    results = finish(procs, 60)
+    for r, (code, err) in enumerate(results):
+        assert code == 0, (r, code, err)
+        assert "lost" not in err and f"rank {r} finished after 5 epochs" in err
+
+
+def test_sigterm_on_one_rank_checkpoints_everywhere_then_exits_143(tmp_path):
+    procs = launch(2, init_method("tcp", tmp_path), tmp_path, "sigterm")
+    try:
+        wait_for(lambda r: tmp_path / f"ready-{r}", 2, procs)
+        os.kill(procs[1].pid, signal.SIGTERM)
+        results = finish(procs, 30)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [code for code, _ in results] == [EXIT_PREEMPTED] * 2, results
+    epochs = [(tmp_path / f"preempted-{r}").read_text() for r in range(2)]
+    assert epochs[0] == epochs[1] and int(epochs[0]) >= 1  # same safe point on both ranks
+
+
+def test_immediate_sigterm_hook_runs_callback_and_exits():
+    code = ("import os, signal, sys, time; sys.path.insert(0, %r)\n"
+            "from gnnpar.watchdog import on_sigterm\n"
+            "on_sigterm(lambda: print('saved', flush=True), deferred=False)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30); print('not reached')\n") % ROOT
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == EXIT_PREEMPTED and res.stdout == "saved\n", res
+
+
+class FakeStore:
+    """A dict with the Store methods the watchdog uses."""
+
+    def __init__(self):
+        self.d = {}
+
+    def set(self, k, v):
+        self.d[k] = v.encode() if isinstance(v, str) else v
+
+    def check(self, keys):
+        return all(k in self.d for k in keys)
+
+    def get(self, k):
+        return self.d[k]
+
+
+def test_sigterm_hook_without_process_group_and_uninstall():
+    calls = []
+    hook = on_sigterm(lambda: calls.append(1))
+    try:
+        hook.check()  # nothing requested: returns
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert hook.requested and calls == []  # deferred: nothing ran yet
+        with pytest.raises(SystemExit) as ex:
+            hook.check()
+        assert ex.value.code == EXIT_PREEMPTED and calls == [1]
+    finally:
+        hook.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_phases_and_guard_reraise_non_comm_errors():
+    wd = Watchdog(0, 1, store=FakeStore(), timeout=1.0, store_owner=None)
+    with wd.phase("epoch 0/forward"):
+        assert wd.current_phase == "epoch 0/forward"
+    assert wd.current_phase == "startup"
+    wd.start()
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="shape"):
+        with wd.guard():
+            raise ValueError("bad shape")
+    assert time.monotonic() - t0 < 0.5  # not a communication error: no waiting
+    wd.stop()
+    assert wd.store.d["gnnpar/watchdog/0"].decode().split(":")[2] == "done"
+    with pytest.raises(ValueError, match="timeout"):
+        Watchdog(0, 1, store=FakeStore(), timeout=0)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "\nState:\tZ" not in fh.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_die_with_parent_takes_the_child_down():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("prctl(PR_SET_PDEATHSIG) is Linux-only")
+    child = ("import sys, time; sys.path.insert(0, %r)\n"
+             "from gnnpar.watchdog import die_with_parent\n"
+             "assert die_with_parent(); print('armed', flush=True); time.sleep(60)\n") % ROOT
+    parent = ("import subprocess, sys, time\n"
+              "c = subprocess.Popen([sys.executable, '-c', %r], stdout=subprocess.PIPE, text=True)\n"
+              "assert c.stdout.readline().strip() == 'armed'\n"
+              "print(c.pid, flush=True); time.sleep(60)\n") % child
+    p = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(p.stdout.readline())
+        assert _alive(child_pid)
+        p.kill()
+        p.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "the child outlived its parent"
+    finally:
+        if p.poll() is None:
+            p.kill()
