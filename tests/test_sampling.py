@@ -1,0 +1,324 @@
+"""Samplers, blocks, seeds and the macrobatch service on one process (no process group).
+
+Everything is checked against the graph itself: the propagation matrix Â of
+``gnnpar.datasets.normalize`` and its rows, not against numbers written down here.
+"""
+import numpy as np
+import pytest
+import torch
+
+from gnnpar.datasets.normalize import propagation_matrix
+from gnnpar.models import GNN
+from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
+                             NeighborSampler, SamplerConfig, SamplingStats, ServiceConfig,
+                             Topology, batch_rng)
+from gnnpar.sampling.blocks import Relabeler
+from gnnpar.sampling.cache import by_degree, by_presampling
+from gnnpar.sampling.choose import choose_positions, floyd_subsets
+from gnnpar.serial import SerialRuntime
+
+from .graphs import random_graph
+
+
+def dense_hat(graph, kind):
+    indptr, indices, values = propagation_matrix(graph, kind)
+    n = graph.num_nodes
+    a = np.zeros((n, n))
+    np.add.at(a, (np.repeat(np.arange(n), np.diff(indptr)), indices), values.astype(np.float64))
+    return a
+
+
+def block_entries(block):
+    """(dst global, src global, value) of every stored entry."""
+    rows = np.repeat(np.arange(block.num_dst), np.diff(block.indptr))
+    return block.dst_ids[rows], block.src_ids[block.indices], block.values
+
+
+def same_blocks(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.num_dst == y.num_dst
+        for name in ("indptr", "indices", "values", "src_ids"):
+            assert np.array_equal(getattr(x, name), getattr(y, name)), name
+
+
+GRAPH = random_graph(n=300, avg_deg=6, f=8, classes=4, seed=5)
+DIRECTED = random_graph(n=200, avg_deg=5, f=8, classes=4, seed=6, directed=True, weighted=True)
+
+
+# ---------------------------------------------------------------- position choosers
+def test_floyd_subsets_distinct_in_range_and_uniform():
+    rng = np.random.default_rng(0)
+    trials, d, k = 20000, 7, 3
+    picks = floyd_subsets(np.full(trials, d), k, rng.random((trials, k)))
+    assert picks.min() >= 0 and picks.max() < d
+    assert all(len(set(row)) == k for row in picks[:500])
+    # every k-subset of [0, d) equally likely: 35 subsets, ~571 each
+    counts = {}
+    for row in map(lambda r: tuple(sorted(r)), picks):
+        counts[row] = counts.get(row, 0) + 1
+    assert len(counts) == 35
+    expect = trials / 35
+    chi2 = sum((c - expect) ** 2 / expect for c in counts.values())
+    assert chi2 < 70, chi2  # 34 degrees of freedom: p < 1e-3 above ~65
+
+
+def test_choose_positions_bounds_and_replacement():
+    rng = np.random.default_rng(1)
+    deg = np.array([0, 1, 3, 5, 9, 40])
+    k, pos = choose_positions(deg, 5, False, rng.random((2, 5)))
+    assert k.tolist() == [0, 1, 3, 5, 5, 5]
+    rows = np.repeat(np.arange(6), k)
+    assert np.all(pos < deg[rows]) and np.all(pos >= 0)
+    for r in range(6):
+        assert len(set(pos[rows == r])) == k[r]
+    k, pos = choose_positions(deg, 4, True, rng.random((5, 4)))
+    assert k.tolist() == [0, 4, 4, 4, 4, 4]
+    assert np.all(pos < deg[np.repeat(np.arange(6), k)])
+    k, pos = choose_positions(deg, -1, False)
+    assert k.tolist() == deg.tolist()
+    with pytest.raises(ValueError):
+        choose_positions(deg, 5, False, rng.random((3, 5)))
+
+
+# ---------------------------------------------------------------- blocks
+@pytest.mark.parametrize("kind", ["gcn", "mean"])
+@pytest.mark.parametrize("replace", [False, True])
+def test_blocks_are_sampled_rows_of_a_hat(kind, replace):
+    graph = GRAPH
+    a = dense_hat(graph, kind)
+    topo = Topology.from_graph(graph, (kind,))
+    fanouts = (4, 3, 2)
+    seeds = np.array([0, 7, 19, 44, 100, 299])
+    blocks = NeighborSampler(topo, SamplerConfig(fanouts, kind, replace)).sample(
+        seeds, batch_rng(3, 0, 0, 0))
+    assert np.array_equal(blocks[-1].dst_ids, seeds)
+    for outer, inner in zip(blocks[:-1], blocks[1:]):
+        assert np.array_equal(outer.dst_ids, inner.src_ids)  # layers chain
+    deg = topo.degree
+    for block, fanout in zip(blocks, fanouts):
+        assert np.array_equal(block.src_ids[:block.num_dst], block.dst_ids)
+        assert len(set(block.src_ids.tolist())) == block.num_src
+        dst, src, val = block_entries(block)
+        assert np.all(a[dst, src] != 0), "a sampled entry is not an edge of Â"
+        off = dst != src
+        per_row = np.bincount(np.repeat(np.arange(block.num_dst), np.diff(block.indptr))[off],
+                              minlength=block.num_dst)
+        d = deg[block.dst_ids]
+        want = np.where(d > 0, fanout, 0) if replace else np.minimum(d, fanout)
+        assert np.array_equal(per_row, want)
+        assert block.num_sampled == int(want.sum())
+        if not replace:
+            pairs = dst * graph.num_nodes + src
+            assert np.unique(pairs).size == pairs.size, "duplicate edge without replacement"
+        # values: Â_ij scaled by d_i / k_i, the diagonal exact
+        k = np.maximum(want, 1)[np.repeat(np.arange(block.num_dst), np.diff(block.indptr))]
+        scale = np.where(off, deg[dst] / k, 1.0)
+        np.testing.assert_allclose(val, a[dst, src] * scale, rtol=1e-6)
+
+
+def test_mean_values_are_the_sampled_mean():
+    topo = Topology.from_graph(GRAPH, ("mean",))
+    blocks = NeighborSampler(topo, SamplerConfig((3,), "mean")).sample(
+        np.arange(50), batch_rng(0, 0, 0, 0))
+    m = blocks[0].to_scipy().toarray()
+    rows = m.sum(axis=1)
+    has = topo.degree[:50] > 0
+    np.testing.assert_allclose(rows[has], 1.0, rtol=1e-6)
+    nz = m[m != 0]
+    kept = np.minimum(topo.degree[:50], 3)
+    assert np.allclose(np.sort(np.unique(nz)), np.sort(np.unique(1.0 / kept[has])))
+
+
+def test_sampled_aggregation_is_unbiased():
+    graph = DIRECTED
+    a = dense_hat(graph, "gcn")
+    topo = Topology.from_graph(graph, ("gcn",))
+    seeds = np.arange(0, 200, 9)
+    h = np.random.default_rng(2).normal(size=(graph.num_nodes, 3))
+    sampler = NeighborSampler(topo, SamplerConfig((2,), "gcn"))
+    acc = np.zeros((seeds.size, 3))
+    trials = 3000
+    for t in range(trials):
+        b = sampler.sample(seeds, batch_rng(1, t, 0, 0))[0]
+        acc += b.to_scipy() @ h[b.src_ids]
+    exact = a[seeds] @ h
+    err = np.abs(acc / trials - exact).max()
+    assert err < 0.05 * np.abs(exact).max(), err
+
+
+@pytest.mark.parametrize("graph", [GRAPH, DIRECTED], ids=["undirected", "directed"])
+@pytest.mark.parametrize("kind", ["gcn", "mean"])
+def test_fanout_all_gives_full_rows(graph, kind):
+    a = dense_hat(graph, kind)
+    topo = Topology.from_graph(graph, (kind,))
+    seeds = np.array([3, 4, 50, 51, 120])
+    blocks = NeighborSampler(topo, SamplerConfig((-1, -1), kind)).sample(seeds, batch_rng(0, 0, 0, 0))
+    for b in blocks:
+        got = b.to_scipy().toarray()
+        np.testing.assert_array_equal(got, a[np.ix_(b.dst_ids, b.src_ids)].astype(np.float32))
+        # every neighbour of a destination is among the sources
+        assert np.all(a[b.dst_ids][:, np.setdiff1d(np.arange(graph.num_nodes), b.src_ids)] == 0)
+
+
+@pytest.mark.parametrize("model_kind", ["gcn", "sage"])
+@pytest.mark.parametrize("graph", [GRAPH, DIRECTED], ids=["undirected", "directed"])
+def test_all_neighbour_step_equals_full_batch_gradient(model_kind, graph):
+    seeds = np.flatnonzero(graph.train_mask)[::3]
+    torch.manual_seed(0)
+    model = GNN(model_kind, graph.num_features, 16, graph.num_classes, layers=3, dropout=0.0)
+    rt = SerialRuntime(graph, model.norm)
+    y = rt.y[torch.from_numpy(seeds)]
+
+    model.zero_grad()
+    out = model(rt.op, rt.x)[torch.from_numpy(seeds)]
+    torch.nn.functional.cross_entropy(out, y).backward()
+    full = [p.grad.clone() for p in model.parameters()]
+
+    topo = Topology.from_graph(graph, (model.norm,))
+    blocks = NeighborSampler(topo, SamplerConfig((-1, -1, -1), model.norm)).sample(
+        seeds, batch_rng(0, 0, 0, 0))
+    model.zero_grad()
+    out_mb = model([b.operator() for b in blocks], rt.x[torch.from_numpy(blocks[0].src_ids)])
+    torch.nn.functional.cross_entropy(out_mb, y).backward()
+    torch.testing.assert_close(out_mb, out, rtol=1e-5, atol=1e-6)
+    for (name, p), g in zip(model.named_parameters(), full):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_relabeler_orders_and_cleans_up():
+    rl = Relabeler(20)
+    src, local = rl(np.array([5, 2, 9]), np.array([9, 17, 3, 17, 2, 0]))
+    assert src.tolist() == [5, 2, 9, 0, 3, 17]
+    assert local.tolist() == [2, 5, 4, 5, 1, 3]
+    assert np.all(rl.slot == -1) and not rl.mark.any()
+    big = Relabeler(10 ** 6)  # sort path: graph much larger than the block
+    src, local = big(np.array([5, 2]), np.array([999_999, 5, 7]))
+    assert src.tolist() == [5, 2, 7, 999_999] and local.tolist() == [3, 0, 2]
+    assert rl.union([np.array([4, 1]), np.array([1, 19])]).tolist() == [1, 4, 19]
+
+
+# ---------------------------------------------------------------- determinism
+@pytest.mark.parametrize("replace", [False, True])
+def test_bulk_equals_node_wise_and_runs_repeat(replace):
+    topo = Topology.from_graph(GRAPH, ("gcn",))
+    cfg = SamplerConfig((5, 3), "gcn", replace)
+    seeds = [np.arange(i * 20, i * 20 + 17) for i in range(6)]
+    rngs = lambda: [batch_rng(4, 1, 0, s) for s in range(6)]  # noqa: E731
+    bulk = BulkSampler(topo, cfg).sample(seeds, rngs())
+    again = BulkSampler(topo, cfg).sample(seeds, rngs())
+    for b, s in enumerate(seeds):
+        one = NeighborSampler(topo, cfg).sample(s, batch_rng(4, 1, 0, b))
+        same_blocks(bulk[b], one)
+        same_blocks(bulk[b], again[b])
+    other = NeighborSampler(topo, cfg).sample(seeds[0], batch_rng(5, 1, 0, 0))
+    assert any(not np.array_equal(x.indices, y.indices) for x, y in zip(bulk[0], other))
+
+
+def _service_run(topo, graph, fanouts, workers, macro, bulk, epochs=2):
+    seeds = np.flatnonzero(graph.train_mask)
+    plan = EpochPlan(seeds, [seeds.size], 0, 23, seed=7)
+    svc = MacrobatchService(topo, FeatureStore.local(graph.x), plan, SamplerConfig(fanouts, "gcn"),
+                            ServiceConfig(macrobatch=macro, workers=workers, prefetch=2, bulk=bulk,
+                                          seed=7), torch.as_tensor(graph.y))
+    svc.start(0, epochs)
+    out, stats = [], []
+    try:
+        for e in range(epochs):
+            st = SamplingStats()
+            out += list(svc.epoch(e, st))
+            stats.append(st)
+    finally:
+        svc.close()
+    return out, stats
+
+
+def test_service_same_batches_for_any_workers_macrobatch_and_sampler():
+    graph = GRAPH
+    topo = Topology.from_graph(graph, ("gcn",))
+    ref, ref_stats = _service_run(topo, graph, (4, 3), workers=1, macro=1, bulk=False)
+    assert len(ref) == 2 * -(-int(graph.train_mask.sum()) // 23)
+    x = torch.as_tensor(graph.x)
+    for workers, macro, bulk in [(2, 1, True), (1, 4, True), (3, 3, True), (2, 5, False)]:
+        got, stats = _service_run(topo, graph, (4, 3), workers, macro, bulk)
+        assert len(got) == len(ref)
+        for a, b in zip(ref, got):
+            assert (a.epoch, a.step) == (b.epoch, b.step)
+            assert np.array_equal(a.seeds, b.seeds)
+            same_blocks(a.blocks, b.blocks)
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        for s, r in zip(stats, ref_stats):
+            assert s.sampled_edges == r.sampled_edges and s.input_nodes == r.input_nodes
+            assert s.unique_input_nodes <= r.unique_input_nodes  # shared inputs counted once
+    for b in ref:  # inputs and labels are the graph's rows
+        assert torch.equal(b.x, x[torch.from_numpy(b.blocks[0].src_ids)])
+        assert torch.equal(b.y, torch.as_tensor(graph.y)[torch.from_numpy(b.seeds)])
+    # every training seed once per epoch
+    for e in range(2):
+        seen = np.concatenate([b.seeds for b in ref if b.epoch == e])
+        assert np.array_equal(np.sort(seen), np.flatnonzero(graph.train_mask))
+
+
+def test_service_reports_a_worker_failure():
+    graph = GRAPH
+    topo = Topology.from_graph(graph, ("gcn",))
+    seeds = np.flatnonzero(graph.train_mask)
+    plan = EpochPlan(seeds, [seeds.size], 0, 50)
+    bad_labels = torch.zeros(3, dtype=torch.int64)  # too short: indexing fails in the worker
+    svc = MacrobatchService(topo, FeatureStore.local(graph.x), plan, SamplerConfig((2,), "gcn"),
+                            ServiceConfig(), bad_labels)
+    svc.start(0, 1)
+    with pytest.raises(RuntimeError, match="sampler worker failed"):
+        list(svc.epoch(0, SamplingStats()))
+    svc.close()
+
+
+# ---------------------------------------------------------------- seeds per step
+@pytest.mark.parametrize("counts", [[30, 10], [7, 0, 12], [5]])
+def test_epoch_plan_equal_steps_and_global_counts(counts):
+    batch = 6
+    ids = np.arange(sum(counts))
+    cuts = np.cumsum([0] + counts)
+    plans = [EpochPlan(ids[cuts[r]:cuts[r + 1]], counts, r, batch, seed=3)
+             for r in range(len(counts))]
+    steps = max(1, -(-max(counts) // batch))
+    for epoch in range(2):
+        per_rank = [p.minibatches(epoch) for p in plans]
+        for p, mbs in zip(plans, per_rank):
+            assert p.steps == steps and len(mbs) == steps
+            assert max(m.size for m in mbs) <= batch
+            assert np.array_equal(np.sort(np.concatenate(mbs)), p.seeds)
+        for s in range(steps):
+            assert plans[0].global_count(s) == sum(mbs[s].size for mbs in per_rank)
+    if steps > 1:  # epochs shuffle differently
+        assert not all(np.array_equal(a, b) for a, b in zip(plans[0].minibatches(0),
+                                                           plans[0].minibatches(1)))
+
+
+# ---------------------------------------------------------------- features and cache
+def test_local_feature_store_and_cache_choice():
+    graph = GRAPH
+    store = FeatureStore.local(graph.x)
+    ids = np.array([3, 8, 100, 250])
+    table, stats = store.fetch(ids)
+    assert stats.unique == 4 and stats.remote == 0 and stats.moved_rows == 0
+    assert torch.equal(table.gather(np.array([100, 3])), torch.as_tensor(graph.x[[100, 3]]))
+    topo = Topology.from_graph(graph, ("gcn",))
+    remote = np.ones(graph.num_nodes, bool)
+    remote[:150] = False
+    top = by_degree(topo, remote, 10)
+    cols = np.bincount(topo.indices, minlength=graph.num_nodes)
+    assert top.size == 10 and np.all(top >= 150)
+    assert cols[top].min() >= np.sort(cols[150:])[-10]
+    freq = by_presampling([np.array([160, 170, 3]), np.array([170, 5])], remote, 1)
+    assert freq.tolist() == [170]
+
+
+def test_fanouts_parse_and_errors():
+    from gnnpar.datasets import InputError
+    from gnnpar.sampling import parse_fanouts
+    assert parse_fanouts("15,10,-1") == (15, 10, -1)
+    for bad in ("", "a,b", "3,-2"):
+        with pytest.raises(InputError):
+            parse_fanouts(bad)
+    assert parse_fanouts([1, 2]) == (1, 2)
