@@ -1,0 +1,120 @@
+"""Launcher scripts: every template and run_local.sh pass `bash -n`; their dry runs print
+the command each knob should produce; run_local.sh really trains (spawn and pipeline)."""
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATES = sorted(glob.glob(os.path.join(ROOT, "scripts", "slurm", "*.sbatch")))
+RUN_LOCAL = os.path.join(ROOT, "scripts", "run_local.sh")
+
+
+def clean_env(**over):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=ROOT, PYTHON="python3" if not over.get("PYTHON") else over["PYTHON"])
+    env.update({k: str(v) for k, v in over.items()})
+    return env
+
+
+def dry(script, cwd, **knobs):
+    res = subprocess.run(["bash", script], env=clean_env(DRY_RUN=1, **knobs), cwd=cwd,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return [line.split() for line in res.stdout.splitlines() if line.strip()]
+
+
+def test_all_templates_exist_and_parse():
+    names = {os.path.basename(t) for t in TEMPLATES}
+    assert names == {"single_node_gpu.sbatch", "multi_node_gpu.sbatch", "cpu_cluster.sbatch",
+                     "partition_then_train.sbatch"}
+    for script in TEMPLATES + [RUN_LOCAL]:
+        res = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        assert res.returncode == 0, (script, res.stderr)
+        text = open(script).read()
+        assert "DRY_RUN" in text and "Knobs" in text, script  # documented at the top
+
+
+def test_bash_n_catches_a_broken_script(tmp_path):
+    bad = tmp_path / "bad.sbatch"
+    bad.write_text(open(TEMPLATES[0]).read().replace("esac", "") + "\nif true; then\n")
+    assert subprocess.run(["bash", "-n", str(bad)], capture_output=True).returncode != 0
+
+
+def test_cpu_cluster_dry_run(tmp_path):
+    (cmd,) = dry(os.path.join(ROOT, "scripts/slurm/cpu_cluster.sbatch"), tmp_path, ALGO="2d",
+                 GRID="2x2", EPOCHS=7, DATASET="rmat:scale=10,ef=4", EXTRA_ARGS="--hidden 16")
+    assert cmd[:2] == ["srun", "--kill-on-bad-exit=1"]
+    assert cmd[2:5] == ["python3", "-m", "gnnpar.train"]
+    flags = " ".join(cmd)
+    for part in ("--algo 2d", "--grid 2x2", "--epochs 7", "--backend gloo", "--hidden 16",
+                 r"--dataset rmat:scale=10\,ef=4"):
+        assert part in flags
+    (cmd,) = dry(os.path.join(ROOT, "scripts/slurm/cpu_cluster.sbatch"), tmp_path,
+                 TRAIN_CMD="python3 probe.py", TRAIN_ARGS="--out x", SRUN_ARGS="-n 2")
+    assert cmd == ["srun", "--kill-on-bad-exit=1", "-n", "2", "python3", "probe.py", "--out", "x"]
+
+
+def test_gpu_templates_dry_run(tmp_path):
+    (cmd,) = dry(os.path.join(ROOT, "scripts/slurm/single_node_gpu.sbatch"), tmp_path,
+                 NPROC_PER_NODE=8, GRID="2x4")
+    flags = " ".join(cmd)
+    assert "torch.distributed.run --standalone --nnodes=1 --nproc-per-node=8" in flags
+    assert "--grid 2x4" in flags and "--backend auto" in flags
+    (cmd,) = dry(os.path.join(ROOT, "scripts/slurm/multi_node_gpu.sbatch"), tmp_path,
+                 SLURM_JOB_NUM_NODES=3, SLURM_JOB_NODELIST="gpu[07-09]", NPROC_PER_NODE=2,
+                 GRID="2x3", RDZV_PORT=29411)
+    flags = " ".join(cmd)
+    assert "srun --nodes=3 --ntasks-per-node=1" in flags
+    assert "--rdzv-backend=c10d --rdzv-endpoint=gpu07:29411" in flags
+    assert "--nnodes=3 --nproc-per-node=2" in flags and "--grid 2x3" in flags
+
+
+def test_pipeline_dry_run(tmp_path):
+    submit = dry(os.path.join(ROOT, "scripts/slurm/partition_then_train.sbatch"), tmp_path,
+                 TRAIN_NODES=2, TRAIN_TASKS_PER_NODE=3)
+    assert submit[0][:4] == ["env", "PHASE=partition", "PARTS=6", "sbatch"]
+    assert submit[1][:3] == ["env", "PHASE=train", "sbatch"]
+    assert any(a.startswith("--dependency=afterok") for a in submit[1])
+    both = dry(os.path.join(ROOT, "scripts/slurm/partition_then_train.sbatch"), tmp_path,
+               PHASE="both", SLURM_NTASKS=4, PARTITION_DIR="/shared/shards", GRID="2x2",
+               ALGO="2d")
+    assert both[0][:3] == ["srun", "--nodes=1", "--ntasks=1"]
+    assert "gnnpar.partition_cli" in both[0] and "--parts 4" in " ".join(both[0])
+    assert "--grid 2x2" in " ".join(both[0])
+    assert "--partition-dir /shared/shards" in " ".join(both[1])
+    res = subprocess.run(["bash", os.path.join(ROOT, "scripts/slurm/partition_then_train.sbatch")],
+                         env=clean_env(PHASE="nonsense"), cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and "unknown PHASE" in res.stderr
+
+
+def test_run_local_dry_run_modes(tmp_path):
+    expect = {"spawn": ["python3", "-m", "gnnpar.train", "--nprocs", "3"],
+              "torchrun": ["python3", "-m", "torch.distributed.run", "--standalone"],
+              "mpirun": ["mpirun", "-n", "3", "python3", "-m", "gnnpar.train"]}
+    for mode, head in expect.items():
+        (cmd,) = dry(RUN_LOCAL, tmp_path, MODE=mode, NPROCS=3)
+        assert cmd[:len(head)] == head, (mode, cmd)
+    part, train = dry(RUN_LOCAL, tmp_path, MODE="pipeline", NPROCS=3)
+    assert "gnnpar.partition_cli" in part and "--partition-dir" in train
+    res = subprocess.run(["bash", RUN_LOCAL], env=clean_env(MODE="x"), capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and "unknown MODE" in res.stderr
+
+
+@pytest.mark.parametrize("mode", ["spawn", "pipeline"])
+def test_run_local_trains(tmp_path, mode):
+    import sys
+    res = subprocess.run(["bash", RUN_LOCAL], cwd=tmp_path, capture_output=True, text=True,
+                         env=clean_env(MODE=mode, NPROCS=2, EPOCHS=2, PYTHON=sys.executable,
+                                       DATASET="rmat:scale=8,ef=4"), timeout=300)
+    assert res.returncode == 0, res.stderr
+    recs = [json.loads(line) for line in open(tmp_path / "gnnpar-local.jsonl")]
+    assert [r["epoch"] for r in recs[:-1]] == [0, 1] and recs[-1]["final"]
+    assert recs[-1]["world_size"] == 2 and recs[-1]["algo"] == "1d-halo"
+    if mode == "pipeline":
+        assert sorted(os.listdir(tmp_path / "gnnpar-shards-local"))[:2] == ["meta.json",
+                                                                           "part-00000"]
