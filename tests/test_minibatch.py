@@ -1,0 +1,213 @@
+"""Mini-batch training on several gloo ranks: accuracy against full batch, exact gradients with
+uneven seeds, feature bytes counted exactly, and the CLI.
+
+Rank bodies are module-level so spawned children can import them; each returns what it saw
+and the parent compares it with a serial computation on the same graph.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from gnnpar.datasets import DEFAULT_SPEC, load_dataset
+from gnnpar.models import GNN
+from gnnpar.options import build_parser
+from gnnpar.partitioners import Partition, partition_graph
+from gnnpar.partitioners.shard_build import build_shard
+from gnnpar.sampling import SamplingStats
+from gnnpar.sampling.loop import fit_minibatch
+from gnnpar.sampling.run import build_rank
+from gnnpar.serial import SerialRuntime
+from gnnpar.spawn import spawn
+from gnnpar.trainer import TrainConfig, fit
+
+from .graphs import random_graph
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cli_args(*argv):
+    """The CLI's own defaults, with mini-batch flags on top."""
+    return build_parser().parse_args(["--mode", "minibatch", *argv])
+
+
+def uneven_partition(graph, ratio=3):
+    """Two parts; part 0 owns ``ratio`` times as many training nodes as part 1."""
+    owner = np.ones(graph.num_nodes, np.int32)
+    train = np.flatnonzero(graph.train_mask)
+    owner[train[:len(train) * ratio // (ratio + 1)]] = 0
+    rest = np.flatnonzero(~graph.train_mask)
+    owner[rest[: len(rest) // 2]] = 0
+    return Partition.from_owner(owner, 2, method="uneven")
+
+
+# ---------------------------------------------------------------- accuracy vs full batch
+def accuracy_body(rank, world, kind, epochs):
+    graph = load_dataset(DEFAULT_SPEC)
+    shard = build_shard(graph, partition_graph(graph, world, "metis", seed=0), rank)
+    args = cli_args("--fanouts", "10,10", "--batch-size", "128", "--macrobatch", "2",
+                    "--cache-frac", "0.05")
+    torch.manual_seed(0)
+    model = GNN(kind, graph.num_features, 64, graph.num_classes, 2, 0.5)
+    service, engine, eval_rt, _ = build_rank(rank, world, shard, args, model.norm, "cpu")
+    torch.manual_seed(1 + rank)
+    hist = fit_minibatch(model, service, engine, eval_rt, TrainConfig(epochs=epochs, eval_every=99))
+    return hist[-1]["test_acc"], [r["steps"] for r in hist]
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_minibatch_accuracy_within_two_points_of_full_batch(kind):
+    graph = load_dataset(DEFAULT_SPEC)
+    torch.manual_seed(0)
+    model = GNN(kind, graph.num_features, 64, graph.num_classes, 2, 0.5)
+    full = fit(model, SerialRuntime(graph, model.norm), TrainConfig(epochs=100, eval_every=1000))
+    full_acc = full[-1]["test_acc"]
+    assert full_acc > 0.9  # the reference itself learned
+    results = spawn(accuracy_body, 2, args=(kind, 20), timeout_s=120)
+    accs = {acc for acc, _ in results}
+    assert len(accs) == 1  # every rank evaluates the same global model
+    acc = accs.pop()
+    assert abs(acc - full_acc) <= 0.02, (acc, full_acc)
+    assert results[0][1] == results[1][1]
+
+
+# ---------------------------------------------------------------- uneven seeds, exact step
+def uneven_body(rank, world, kind):
+    graph = random_graph(n=120, avg_deg=4, f=6, classes=3, seed=9)
+    shard = build_shard(graph, uneven_partition(graph), rank)
+    args = cli_args("--fanouts=-1,-1", "--batch-size", "16", "--macrobatch", "2",
+                    "--sampler-workers", "2", "--prefetch", "1")
+    torch.manual_seed(0)
+    model = GNN(kind, 6, 8, 3, 2, dropout=0.0)
+    service, engine, _, _ = build_rank(rank, world, shard, args, model.norm, "cpu")
+    plan = service.plan
+    service.start(0, 2)
+    try:
+        batches = list(service.epoch(0, SamplingStats()))
+        first = batches[0]
+        model.zero_grad()
+        out = model(first.ops, first.x)
+        loss = torch.nn.functional.cross_entropy(out, first.y, reduction="sum")
+        (loss / plan.global_count(0)).backward()
+        engine.sync_grads(model.parameters())
+        grads = [p.grad.numpy().copy() for p in model.parameters()]
+        # the rest of the run: the small rank keeps stepping with smaller minibatches
+        second = list(service.epoch(1, SamplingStats()))
+    finally:
+        service.close()
+    return {"seeds": first.seeds, "grads": grads, "steps": (len(batches), len(second)),
+            "sizes": [b.seeds.size for b in batches], "own": int(plan.seeds.size)}
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_uneven_seeds_same_steps_and_exact_gradient(kind):
+    res = spawn(uneven_body, 2, args=(kind,), timeout_s=120)
+    assert res[0]["own"] == 3 * res[1]["own"]
+    assert res[0]["steps"] == res[1]["steps"]
+    assert max(res[0]["sizes"]) <= 16 and max(res[1]["sizes"]) < max(res[0]["sizes"])
+    # the synced step equals one serial full-graph step on both ranks' seeds together
+    graph = random_graph(n=120, avg_deg=4, f=6, classes=3, seed=9)
+    seeds = torch.from_numpy(np.concatenate([r["seeds"] for r in res]))
+    torch.manual_seed(0)
+    model = GNN(kind, 6, 8, 3, 2, dropout=0.0)
+    rt = SerialRuntime(graph, model.norm)
+    torch.nn.functional.cross_entropy(model(rt.op, rt.x)[seeds], rt.y[seeds]).backward()
+    for r in res:
+        for p, g in zip(model.parameters(), r["grads"]):
+            torch.testing.assert_close(torch.from_numpy(g), p.grad, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- feature bytes
+def bytes_body(rank, world, macro, cache_frac):
+    graph = random_graph(n=400, avg_deg=5, f=12, classes=3, seed=4)
+    shard = build_shard(graph, partition_graph(graph, world, "random", seed=1), rank)
+    args = cli_args("--fanouts", "3,2", "--batch-size", "20", "--macrobatch", str(macro),
+                    "--cache-frac", str(cache_frac), "--sampler-workers", "2")
+    service, _, _, _ = build_rank(rank, world, shard, args, "gcn", "cpu")
+    unions, stats = [], SamplingStats()
+    service.start(0, 1)
+    try:
+        for b in service.epoch(0, stats):
+            unions.append(b.blocks[0].src_ids)
+    finally:
+        service.close()
+    K, groups = macro, []
+    for m in range(0, len(unions), K):
+        groups.append(np.unique(np.concatenate(unions[m:m + K])))
+    return {"groups": groups, "cache": service.store.cache_ids, "owner": service.store.owner,
+            "feat_bytes": stats.feat_bytes, "hits": stats.cache_hits, "remote": stats.remote_rows,
+            "row_bytes": service.store.row_bytes}
+
+
+def expected_bytes(res):
+    """Bytes each rank sends: rows other ranks need, hold neither locally nor in cache."""
+    owner, world = res[0]["owner"], len(res)
+    sent = np.zeros(world, np.int64)
+    for q, r in enumerate(res):
+        for ids in r["groups"]:
+            need = ids[(owner[ids] != q) & ~np.isin(ids, r["cache"])]
+            sent += np.bincount(owner[need], minlength=world) * r["row_bytes"]
+    return sent
+
+
+def test_feature_bytes_counted_exactly_and_fewer_with_macrobatches():
+    totals = {}
+    for macro, cache in ((1, 0.0), (4, 0.0), (4, 0.2)):
+        res = spawn(bytes_body, 3, args=(macro, cache), timeout_s=120)
+        sent = expected_bytes(res)
+        assert [r["feat_bytes"] for r in res] == sent.tolist()
+        assert sent.sum() > 0
+        totals[(macro, cache)] = int(sent.sum())
+        if cache:
+            assert sum(r["hits"] for r in res) > 0
+            assert all(0 < r["cache"].size <= round(0.2 * np.sum(r["owner"] != q))
+                       for q, r in enumerate(res))
+    assert totals[(4, 0.0)] < totals[(1, 0.0)]
+    assert totals[(4, 0.2)] < totals[(4, 0.0)]
+
+
+# ---------------------------------------------------------------- CLI
+def run_cli(*argv, timeout=180):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "gnnpar.train", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_minibatch_two_ranks_writes_sampling_fields(tmp_path):
+    log = tmp_path / "log.jsonl"
+    p = run_cli("--mode", "minibatch", "--nprocs", "2", "--fanouts", "5,5", "--batch-size", "200",
+                "--macrobatch", "2", "--cache-frac", "0.1", "--epochs", "2", "--quiet",
+                "--partitioner", "block", "--log-json", str(log))
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(recs) == 3 and recs[-1]["final"] is True
+    graph = load_dataset(DEFAULT_SPEC)
+    owner = partition_graph(graph, 2, "block").owner
+    most = max(np.sum(graph.train_mask & (owner == r)) for r in range(2))
+    for rec in recs[:2]:
+        for key in ("sampled_edges", "input_nodes", "unique_input_nodes", "feat_bytes",
+                    "cache_hit_rate", "sampler_s", "stall_s", "loss", "test_acc"):
+            assert key in rec, key
+        assert rec["world_size"] == 2 and rec["steps"] == -(-most // 200)
+        assert rec["feat_bytes"] > 0 and 0 < rec["cache_hit_rate"] < 1
+        assert rec["unique_input_nodes"] <= rec["input_nodes"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--mode", "minibatch", "--fanouts", "5", "--batch-size", "8"], "--layers"),
+    (["--mode", "minibatch", "--fanouts", "5,5"], "--batch-size"),
+    (["--fanouts", "5,5"], "--mode minibatch"),
+    (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8", "--algo", "2d"],
+     "not implemented"),
+    (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8", "--cache-frac", "2"],
+     "--cache-frac"),
+])
+def test_cli_bad_minibatch_flags_exit_2(argv, needle, capsys):
+    from gnnpar.train import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
