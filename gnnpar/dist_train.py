@@ -116,6 +116,9 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
         local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
+    if args.mode == "minibatch":
+        from .sampling.run import minibatch_rank
+        return minibatch_rank(rank, world, args, shard_dir, device)
     shape, build_grid = make_run_grid(args, world)
     grid = build_grid()
     if shard_dir is not None:
@@ -171,7 +174,8 @@ def run_distributed(args) -> dict:
         if backend == "nccl" and args.nprocs > max(torch.cuda.device_count(), 1):
             raise InputError(f"NCCL needs one GPU per rank: {args.nprocs} ranks, "
                              f"{torch.cuda.device_count()} GPUs; use --backend gloo")
-        make_run_grid(args, args.nprocs)  # fail before spawning
+        if args.mode != "minibatch":
+            make_run_grid(args, args.nprocs)  # fail before spawning
         shard_dir = prepare_shards(args, args.nprocs)
         try:
             return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,

@@ -7,10 +7,7 @@ from gnnpar.datasets import InputError
 
 # Flags of later stages: accepted by the parser, refused with a clear "not yet" until built.
 # name -> the value that means "not used"
-RESERVED = {
-    "mode": "fullbatch", "fanouts": None, "batch_size": None,
-    "macrobatch": None, "checkpoint_dir": None, "resume": False,
-}
+RESERVED = {"checkpoint_dir": None, "resume": False}
 ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d", "auto")
 
 
@@ -65,11 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(g)
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds a collective may wait before every rank fails")
+    from .sampling.options import add_minibatch_args
+    add_minibatch_args(p)
     r = p.add_argument_group("later stages (reserved)")
-    r.add_argument("--mode", default="fullbatch", help="fullbatch | minibatch")
-    r.add_argument("--fanouts", default=None, help="per-layer fanouts, e.g. 15,10,5")
-    r.add_argument("--batch-size", type=int, default=None, help="seed nodes per minibatch")
-    r.add_argument("--macrobatch", type=int, default=None, help="minibatches sampled at once")
     r.add_argument("--checkpoint-dir", default=None, help="folder for checkpoints")
     r.add_argument("--resume", action="store_true", help="resume from the newest checkpoint")
     return p
@@ -90,7 +85,9 @@ def check_args(args) -> None:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     if args.nprocs is not None and args.nprocs < 1:
         raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
-    if args.algo == "serial" and (args.nprocs or 1) > 1:
+    from .sampling.options import check_mode_args
+    check_mode_args(args)
+    if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError("--nprocs > 1 needs a distributed --algo (1d, 1d-halo, 1.5d, 2d, 3d, 4d)")
     if args.timeout <= 0:
         raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")

@@ -44,12 +44,17 @@ def run(args) -> int:
     device = pick_device(args.device)
     args.device_resolved = str(device)
     from .dist_train import launched_externally, run_distributed
-    if args.algo != "serial" and (args.nprocs or launched_externally()):
+    minibatch = args.mode == "minibatch"
+    if (args.algo != "serial" or minibatch) and (args.nprocs or launched_externally()):
         final = run_distributed(args)
         _print_final(final, args.quiet)
         return 0
     if args.algo != "serial":
         raise InputError(f"--algo {args.algo} needs --nprocs N or a launcher (torchrun, srun)")
+    if minibatch:
+        from .sampling.run import run_serial_cli
+        _print_final(run_serial_cli(args, device), args.quiet)
+        return 0
     torch.manual_seed(args.seed)
     graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
                          cache_dir=args.cache_dir)
