@@ -17,7 +17,8 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                         "data parallel over the ranks")
     b.add_argument("--fanouts", default=None,
                    help="neighbours sampled per layer, input layer first (DGL order: the "
-                        "seeds draw the last), -1 = all; one per --layers, e.g. 15,10,5")
+                        "seeds draw the last), -1 = all (write --fanouts=-1,-1); one per "
+                        "--layers, e.g. 15,10,5")
     b.add_argument("--batch-size", type=int, default=None,
                    help="seed nodes per minibatch on the rank with the most seeds")
     b.add_argument("--macrobatch", type=int, default=None,
