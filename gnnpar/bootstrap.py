@@ -195,8 +195,9 @@ def _from_torchrun(env) -> WorldInfo:
 def _is_slurm_task(env) -> bool:
     if "SLURM_PROCID" not in env or not ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env):
         return False
-    step = env.get("SLURM_STEP_ID")
-    return step is None or step not in _NON_TASK_STEPS
+    # srun tasks carry a step id; the batch script and an salloc shell carry none
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    return step is not None and step not in _NON_TASK_STEPS
 
 
 def _from_slurm(env) -> WorldInfo:

@@ -88,9 +88,12 @@ def test_slurm_falls_back_to_job_nodelist_and_honours_master_overrides():
 
 def test_slurm_batch_script_is_not_a_rank():
     # the batch script of an sbatch --ntasks=4 job carries SLURM_PROCID=0 but is no task
-    env = slurm_env(SLURM_PROCID="0", SLURM_STEP_ID="batch")
-    assert detect_world(env=env).source == "single"
-    assert detect_world(2, env=env).source == "local"
+    for step in (None, "batch", "4294967294"):
+        env = slurm_env(SLURM_PROCID="0", SLURM_STEP_ID=step, SLURM_STEP_NUM_TASKS=None,
+                        SLURM_STEP_NODELIST=None)
+        assert detect_world(env=env).source == "single"
+        assert detect_world(2, env=env).source == "local"
+    assert detect_world(env=slurm_env(SLURM_STEP_ID=None, SLURM_STEPID="0")).source == "slurm"
 
 
 def test_slurm_without_any_nodelist_is_a_clear_error():
