@@ -35,8 +35,8 @@ import torch
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout without installing
 
 from gnnpar.datasets import load_dataset  # noqa: E402
-from gnnpar.sampling import (BulkSampler, FeatureStore, NeighborSampler, SamplerConfig,  # noqa: E402
-                             Topology, batch_rng)
+from gnnpar.sampling import (BulkSampler, FeatureStore, NeighborSampler,  # noqa: E402
+                             SamplerConfig, Topology, batch_rng)
 from gnnpar.sampling.blocks import Relabeler  # noqa: E402
 
 
@@ -141,7 +141,8 @@ def _bytes_rank(rank, world, shard_dir, args_dict):
             pass
         svc.close()
         out.append({"K": K, "cache_frac": frac, "feat_bytes": stats.feat_bytes,
-                    "input_nodes": stats.input_nodes, "unique_input_nodes": stats.unique_input_nodes,
+                    "input_nodes": stats.input_nodes,
+                    "unique_input_nodes": stats.unique_input_nodes,
                     "remote_rows": stats.remote_rows, "cache_hits": stats.cache_hits,
                     "steps": stats.steps, "epoch_s": time.perf_counter() - t0})
     return out

@@ -46,11 +46,11 @@ def uneven_partition(graph, ratio=3):
 
 
 # ---------------------------------------------------------------- accuracy vs full batch
-def accuracy_body(rank, world, kind, epochs):
+def accuracy_body(rank, world, kind, epochs, extra):
     graph = load_dataset(DEFAULT_SPEC)
     shard = build_shard(graph, partition_graph(graph, world, "metis", seed=0), rank)
     args = cli_args("--fanouts", "10,10", "--batch-size", "128", "--macrobatch", "2",
-                    "--cache-frac", "0.05")
+                    "--cache-frac", "0.05", *extra)
     torch.manual_seed(0)
     model = GNN(kind, graph.num_features, 64, graph.num_classes, 2, 0.5)
     service, engine, eval_rt, _ = build_rank(rank, world, shard, args, model.norm, "cpu")
@@ -59,15 +59,18 @@ def accuracy_body(rank, world, kind, epochs):
     return hist[-1]["test_acc"], [r["steps"] for r in hist]
 
 
-@pytest.mark.parametrize("kind", ["gcn", "sage"])
-def test_minibatch_accuracy_within_two_points_of_full_batch(kind):
+@pytest.mark.parametrize("kind,extra", [
+    ("gcn", []),
+    ("sage", ["--no-replicate-graph", "--cache-policy", "presample"]),
+])
+def test_minibatch_accuracy_within_two_points_of_full_batch(kind, extra):
     graph = load_dataset(DEFAULT_SPEC)
     torch.manual_seed(0)
     model = GNN(kind, graph.num_features, 64, graph.num_classes, 2, 0.5)
     full = fit(model, SerialRuntime(graph, model.norm), TrainConfig(epochs=100, eval_every=1000))
     full_acc = full[-1]["test_acc"]
     assert full_acc > 0.9  # the reference itself learned
-    results = spawn(accuracy_body, 2, args=(kind, 20), timeout_s=120)
+    results = spawn(accuracy_body, 2, args=(kind, 20, extra), timeout_s=120)
     accs = {acc for acc, _ in results}
     assert len(accs) == 1  # every rank evaluates the same global model
     acc = accs.pop()
@@ -119,6 +122,52 @@ def test_uneven_seeds_same_steps_and_exact_gradient(kind):
     for r in res:
         for p, g in zip(model.parameters(), r["grads"]):
             torch.testing.assert_close(torch.from_numpy(g), p.grad, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- partitioned structure
+def partitioned_body(rank, world, replace):
+    from gnnpar.kernels.comm import Comm
+    from gnnpar.kernels.grid import ProcessGrid
+    from gnnpar.sampling import BulkSampler, NeighborSampler, SamplerConfig, Topology, batch_rng
+    from gnnpar.sampling.features import owner_map
+    from gnnpar.sampling.partitioned import PartitionedTopology
+    graph = random_graph(n=300, avg_deg=6, f=5, classes=3, seed=12, directed=True, weighted=True)
+    shard = build_shard(graph, partition_graph(graph, world, "random", seed=2), rank)
+    comm = Comm(ProcessGrid.create({"data": world}))
+    owner, local_index, me = owner_map(shard, comm, "data")
+    part = PartitionedTopology.from_shard(shard, comm, "data", ("gcn", "mean"), owner,
+                                          local_index, me)
+    full = Topology.from_graph(graph, ("gcn", "mean"))
+    same = [np.array_equal(part.degree, full.degree), np.array_equal(part.in_rows(),
+                                                                     full.in_rows())]
+    same += [np.array_equal(part.self_values[k], full.self_values[k]) for k in ("gcn", "mean")]
+    # uneven work per rank, the last rank's minibatches empty
+    seeds = [np.arange(rank + b, 300, 11)[:0 if rank == world - 1 else 5 + 4 * rank]
+             for b in range(3)]
+    rngs = lambda: [batch_rng(1, 0, rank, b) for b in range(3)]  # noqa: E731
+    comm.reset()
+    for kind in ("gcn", "mean"):
+        cfg = SamplerConfig((3, -1, 2), kind, replace)
+        got = BulkSampler(part, cfg).sample(seeds, rngs(), link=(comm, "data"))
+        one = [NeighborSampler(part, cfg).sample(s, r, link=(comm, "data"))
+               for s, r in zip(seeds, rngs())]
+        ref = BulkSampler(full, cfg).sample(seeds, rngs())
+        for a, b, c in zip(got, one, ref):
+            for x, y, z in zip(a, b, c):
+                for name in ("indptr", "indices", "values", "src_ids"):
+                    same.append(np.array_equal(getattr(x, name), getattr(z, name)))
+                    same.append(np.array_equal(getattr(y, name), getattr(z, name)))
+    lookup_bytes = sum(b for (axis, phase), b in comm.bytes.items() if phase == "sampling")
+    return all(same), lookup_bytes, part.nbytes(), full.nbytes()
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_partitioned_structure_samples_the_same_blocks(replace):
+    res = spawn(partitioned_body, 3, args=(replace,), timeout_s=120)
+    for same, lookup_bytes, part_bytes, full_bytes in res:
+        assert same
+        assert part_bytes < full_bytes
+    assert sum(r[1] for r in res) > 0  # remote rows were asked of their owners
 
 
 # ---------------------------------------------------------------- feature bytes

@@ -153,7 +153,8 @@ def test_fanout_all_gives_full_rows(graph, kind):
     a = dense_hat(graph, kind)
     topo = Topology.from_graph(graph, (kind,))
     seeds = np.array([3, 4, 50, 51, 120])
-    blocks = NeighborSampler(topo, SamplerConfig((-1, -1), kind)).sample(seeds, batch_rng(0, 0, 0, 0))
+    blocks = NeighborSampler(topo, SamplerConfig((-1, -1), kind)).sample(seeds,
+                                                                         batch_rng(0, 0, 0, 0))
     for b in blocks:
         got = b.to_scipy().toarray()
         np.testing.assert_array_equal(got, a[np.ix_(b.dst_ids, b.src_ids)].astype(np.float32))

@@ -29,34 +29,34 @@ import numpy as np
 
 from .blocks import Block, Relabeler, assemble_block
 from .choose import draw_count
-from .neighbor import SamplerConfig, draw_uniforms, sample_entries
-from .topology import Topology
+from .neighbor import SamplerConfig, check_seeds, draw_uniforms, sample_entries
 
 
 class BulkSampler:
     """Samples a whole macrobatch at once (see module docstring)."""
 
-    def __init__(self, topo: Topology, cfg: SamplerConfig):
+    def __init__(self, topo, cfg: SamplerConfig):
         topo.check_kind(cfg.kind)
         self.topo, self.cfg = topo, cfg
 
     def sample(self, seeds: Sequence[np.ndarray], rngs: Sequence[np.random.Generator],
-               relabel: Relabeler = None) -> List[List[Block]]:
+               relabel: Relabeler = None, link=None) -> List[List[Block]]:
         """One list of blocks (input layer first) per seed array; ``rngs[b]`` drives
-        minibatch b."""
+        minibatch b. ``link`` = (comm, axes) for a partitioned topology: one lookup per
+        layer for the whole macrobatch."""
         if len(seeds) != len(rngs):
             raise ValueError(f"got {len(seeds)} seed arrays but {len(rngs)} generators")
         topo, cfg = self.topo, self.cfg
         relabel = relabel or Relabeler(topo.num_nodes)
         selfv = topo.self_values[cfg.kind]
-        frontiers = [np.asarray(s, np.int64) for s in seeds]
+        frontiers = [check_seeds(s, topo.num_nodes) for s in seeds]
         per_batch: List[List[Block]] = [[] for _ in seeds]
         for fanout in reversed(cfg.fanouts):
             rows = np.concatenate(frontiers) if frontiers else np.zeros(0, np.int64)
             row_cut = np.cumsum([0] + [f.shape[0] for f in frontiers])
             deg = topo.degree[rows]
             u = self._uniforms(rngs, deg, row_cut, fanout)
-            k, cols, vals = sample_entries(topo, cfg.kind, rows, fanout, cfg.replace, u)
+            k, cols, vals = sample_entries(topo, cfg.kind, rows, fanout, cfg.replace, u, link)
             edge_cut = np.concatenate([[0], np.cumsum(k)])[row_cut]
             dst_self = selfv[rows]
             for b, front in enumerate(frontiers):

@@ -46,8 +46,7 @@ def top_remote(score: np.ndarray, is_remote: np.ndarray, count: int) -> np.ndarr
 
 def by_degree(topo, is_remote: np.ndarray, count: int) -> np.ndarray:
     """Remote ids that most rows of the adjacency point to."""
-    in_rows = np.bincount(topo.indices, minlength=topo.num_nodes)
-    return top_remote(in_rows, is_remote, count)
+    return top_remote(topo.in_rows(), is_remote, count)
 
 
 def by_presampling(sample_inputs, is_remote: np.ndarray, count: int) -> np.ndarray:

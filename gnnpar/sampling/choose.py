@@ -23,16 +23,6 @@ from typing import Tuple
 import numpy as np
 
 
-def segment_arange(counts: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(c) for c in counts])`` without a Python loop. (Σcounts,) int64."""
-    counts = np.asarray(counts, dtype=np.int64)
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    starts = np.cumsum(counts) - counts
-    return np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-
-
 def draw_count(deg: np.ndarray, fanout: int, replace: bool) -> int:
     """How many rows of ``deg`` consume random numbers (each takes ``fanout`` of them)."""
     if fanout < 0:
@@ -46,7 +36,8 @@ def floyd_subsets(deg: np.ndarray, k: int, u: np.ndarray) -> np.ndarray:
     Floyd's algorithm: for j = d-k … d-1 draw t uniform in [0, j]; keep t unless already
     kept, else keep j. Step j is one vectorised pass over all rows (picks are held step-major,
     (k, R), so the "already kept?" test reduces over the outer axis). ``u`` (R, k) uniforms
-    in [0, 1). Returns (R, k) int32 (int64 for huge rows), distinct within each row (in draw order, not sorted).
+    in [0, 1). Returns (R, k) int32 (int64 for huge rows), distinct within each row (in draw
+    order, not sorted).
     """
     dtype = np.int32 if deg.size == 0 or deg.max() < 2 ** 31 else np.int64
     rows = deg.shape[0]

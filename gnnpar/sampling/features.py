@@ -74,18 +74,7 @@ class FeatureStore:
     def from_shard(cls, shard, comm, axes) -> "FeatureStore":
         """Own rows from ``shard``; owner map from every rank's ``global_ids`` (setup traffic,
         counted in ``comm``'s current phase)."""
-        ids = as_tensor(shard.global_ids, np.int64)
-        sizes = [int(t) for t in torch.cat(comm.all_gather(torch.tensor([ids.shape[0]]), axes))]
-        parts = comm.all_gather(ids, axes, sizes)
-        n = int(shard.n_global)
-        owner = np.full(n, -1, np.int32)
-        local_index = np.zeros(n, index_dtype(n))
-        for r, part in enumerate(parts):  # one vectorised assignment per rank
-            owner[part.numpy()] = r
-            local_index[part.numpy()] = np.arange(part.shape[0])
-        if (owner < 0).any():
-            raise ValueError("the shards' global_ids do not cover every vertex")
-        me = comm.grid.ranks_of(axes).index(comm.grid.rank)
+        owner, local_index, me = owner_map(shard, comm, axes)
         return cls(shard.x, shard.global_ids, owner, local_index, me)
 
     def set_cache(self, ids: np.ndarray, rows: torch.Tensor) -> None:
@@ -138,6 +127,23 @@ class FeatureStore:
         out = torch.empty_like(got)
         out[torch.from_numpy(order)] = got
         return out
+
+
+def owner_map(shard, comm, axes):
+    """``(owner (n,) int32, local_index (n,), my index on axes)`` from every rank's
+    ``global_ids`` (one all-gather of n ids)."""
+    ids = as_tensor(shard.global_ids, np.int64)
+    sizes = [int(t) for t in torch.cat(comm.all_gather(torch.tensor([ids.shape[0]]), axes))]
+    parts = comm.all_gather(ids, axes, sizes)
+    n = int(shard.n_global)
+    owner = np.full(n, -1, np.int32)
+    local_index = np.zeros(n, index_dtype(n))
+    for r, part in enumerate(parts):  # one vectorised assignment per rank
+        owner[part.numpy()] = r
+        local_index[part.numpy()] = np.arange(part.shape[0])
+    if (owner < 0).any():
+        raise ValueError("the shards' global_ids do not cover every vertex")
+    return owner, local_index, comm.grid.ranks_of(axes).index(comm.grid.rank)
 
 
 class MacroFeatures:

@@ -32,8 +32,7 @@ import numpy as np
 from gnnpar.datasets import InputError
 
 from .blocks import Block, Relabeler, assemble_block
-from .choose import choose_entries, draw_count
-from .topology import Topology
+from .choose import choose_entries, choose_positions, draw_count
 
 
 def batch_rng(seed: int, epoch: int, stream: int, step: int) -> np.random.Generator:
@@ -68,18 +67,24 @@ class SamplerConfig:
         object.__setattr__(self, "fanouts", parse_fanouts(self.fanouts))
 
 
-def sample_entries(topo: Topology, kind: str, dst: np.ndarray, fanout: int, replace: bool,
-                   u: np.ndarray):
+def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
+                   u: np.ndarray, link=None):
     """The kept entries of rows ``dst``: ``(k (R,), cols (E,), vals (E,) float32)``.
 
     Rows are read through their CSR offsets, i.e. the product Q·A of the selection matrix Q
     (one 1 per row, at column dst[r]) with the off-diagonal adjacency, restricted to the
-    positions :func:`~gnnpar.sampling.choose.choose_entries` keeps; the other entries of Q·A are never touched.
+    positions :func:`~gnnpar.sampling.choose.choose_entries` keeps; the other entries of Q·A
+    are never touched. A partitioned topology asks the rows' owners through ``link`` =
+    ``(comm, axes)`` (a collective).
     """
     deg = topo.degree[dst]
-    k, entry = choose_entries(deg, topo.indptr[dst], fanout, replace, u)
-    kept = topo.entries[entry]
-    cols, vals = np.ascontiguousarray(kept["col"]), kept[kind]
+    if topo.replicated:
+        k, entry = choose_entries(deg, topo.indptr[dst], fanout, replace, u)
+        kept = topo.entries[entry]
+        cols, vals = np.ascontiguousarray(kept["col"]), kept[kind]
+    else:
+        k, pos = choose_positions(deg, fanout, replace, u)
+        cols, vals = topo.lookup(dst, k, pos, kind, *link)
     if fanout >= 0:
         factor = np.divide(deg, k, out=np.ones(k.shape[0]), where=k > 0)
         if np.any(factor != 1.0):
@@ -90,21 +95,21 @@ def sample_entries(topo: Topology, kind: str, dst: np.ndarray, fanout: int, repl
 class NeighborSampler:
     """Samples one minibatch at a time (the reference the bulk sampler is tested against)."""
 
-    def __init__(self, topo: Topology, cfg: SamplerConfig):
+    def __init__(self, topo, cfg: SamplerConfig):
         topo.check_kind(cfg.kind)
         self.topo, self.cfg = topo, cfg
 
     def sample(self, seeds: np.ndarray, rng: np.random.Generator,
-               relabel: Relabeler = None) -> List[Block]:
-        """Blocks for ``seeds``, input layer first."""
+               relabel: Relabeler = None, link=None) -> List[Block]:
+        """Blocks for ``seeds``, input layer first (``link``: see :func:`sample_entries`)."""
         topo, cfg = self.topo, self.cfg
         relabel = relabel or Relabeler(topo.num_nodes)
-        frontier = np.asarray(seeds, np.int64)
+        frontier = check_seeds(seeds, topo.num_nodes)
         blocks = []
         for fanout in reversed(cfg.fanouts):
             deg = topo.degree[frontier]
             u = draw_uniforms(rng, draw_count(deg, fanout, cfg.replace), fanout)
-            k, cols, vals = sample_entries(topo, cfg.kind, frontier, fanout, cfg.replace, u)
+            k, cols, vals = sample_entries(topo, cfg.kind, frontier, fanout, cfg.replace, u, link)
             block = assemble_block(frontier, k, cols, vals, topo.self_values[cfg.kind][frontier],
                                    relabel)
             blocks.append(block)

@@ -36,8 +36,9 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--replace", action="store_true",
                    help="sample neighbours with replacement")
     b.add_argument("--replicate-graph", default=True, action=argparse.BooleanOptionalAction,
-                   help="every rank holds the whole sampling structure (the partitioned "
-                        "alternative is not implemented)")
+                   help="every rank holds the whole sampling structure; --no-replicate-graph: "
+                        "each rank its own rows, neighbours of others' rows asked of their "
+                        "owners per layer (less memory, more messages; ignored serially)")
     b.add_argument("--group-size", type=int, default=None,
                    help="ranks sharing one sampled subgraph (not implemented: needs the "
                         "bipartite distributed kernels)")
@@ -69,6 +70,3 @@ def check_mode_args(args) -> None:
         raise InputError("--mode minibatch runs data parallel (omit --algo); splitting a sampled "
                          "subgraph over a group of ranks (--algo 1d..4d, --group-size) is not "
                          "implemented yet")
-    if not args.replicate_graph:
-        raise InputError("--no-replicate-graph (a partitioned sampling structure) is not "
-                         "implemented yet; the replicated structure is the default")

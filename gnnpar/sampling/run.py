@@ -10,8 +10,9 @@ Data parallel on N local ranks (shards written once, features stay partitioned):
     gnnpar-train --mode minibatch --nprocs 4 --fanouts 10,5 --batch-size 1024 \\
         --macrobatch 16 --cache-frac 0.1
 
-Per rank: the replicated sampling topology (:mod:`~gnnpar.sampling.topology`, gathered from
-the shards), its own feature rows plus the owner map and cache
+Per rank: the sampling structure, replicated (:mod:`~gnnpar.sampling.topology`, gathered
+from the shards) or partitioned (:mod:`~gnnpar.sampling.partitioned`,
+``--no-replicate-graph``), its own feature rows plus the owner map and cache
 (:mod:`~gnnpar.sampling.features`), its training seeds, and one process group per sampler
 worker besides the trainer's (gradients) and the evaluator's (halo exchange).
 """
@@ -30,6 +31,7 @@ from .cache import PRESAMPLE_EPOCH, cache_size, choose_cache
 from .features import FeatureStore
 from .loop import DataParallel, fit_minibatch
 from .neighbor import SamplerConfig, batch_rng
+from .partitioned import PartitionedTopology
 from .seeds import EpochPlan
 from .service import MacrobatchService, ServiceConfig
 from .topology import Topology, gather_topology
@@ -68,7 +70,7 @@ def run_serial_cli(args, device) -> dict:
                                 _service_cfg(args, device),
                                 torch.as_tensor(np.asarray(graph.y, np.int64)))
     eval_rt = SerialRuntime(graph, model.norm, device)
-    info = {"topology_bytes": topo.nbytes(), "cache_rows": 0}
+    info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0}
     return _train_and_log(model, service, DataParallel(), eval_rt, args, 1, info, True,
                           {"f_in": graph.num_features, "f_out": graph.num_classes})
 
@@ -132,8 +134,12 @@ def build_rank(rank: int, world: int, shard, args, norm: str, device):
     grid = ProcessGrid.create({"data": world})
     comm = Comm(grid)
     with comm.in_phase("setup"):
-        topo = gather_topology(shard, comm, "data", (norm,))
         store = FeatureStore.from_shard(shard, comm, "data")
+        if args.replicate_graph:
+            topo = gather_topology(shard, comm, "data", (norm,))
+        else:
+            topo = PartitionedTopology.from_shard(shard, comm, "data", (norm,), store.owner,
+                                                  store.local_index, store.rank)
         seeds = np.asarray(shard.global_ids)[np.asarray(shard.train_mask)]
         counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
                                                              "data"))]
@@ -142,7 +148,8 @@ def build_rank(rank: int, world: int, shard, args, norm: str, device):
     n_cache = cache_size(args.cache_frac, topo.num_nodes, shard.n_local)
     probe = None
     if args.cache_policy == "presample" and n_cache:
-        probe = _presample_inputs(topo, sampler, plan, args.seed)
+        with comm.in_phase("setup"):
+            probe = _presample_inputs(topo, sampler, plan, args.seed, (comm, "data"))
     ids = choose_cache(args.cache_policy, topo, store.owner != store.rank, n_cache, probe)
     with comm.in_phase("setup"):
         table, _ = store.fetch(ids, comm, "data", use_cache=False)
@@ -153,17 +160,20 @@ def build_rank(rank: int, world: int, shard, args, norm: str, device):
     service = MacrobatchService(topo, store, plan, sampler, _service_cfg(args, device),
                                 as_tensor(shard.y, np.int64), workers)
     setup_bytes, _, _ = comm.reset()
-    info = {"topology_bytes": topo.nbytes(), "cache_rows": int(ids.shape[0]),
+    info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
+            "cache_rows": int(ids.shape[0]),
             "cache_bytes": store.cache_bytes(), "setup_bytes": setup_bytes}
     return service, DataParallel(comm, "data"), eval_rt, info
 
 
-def _presample_inputs(topo, sampler: SamplerConfig, plan: EpochPlan, seed: int) -> list:
-    """Input ids of up to PROBE_STEPS minibatches of this rank's seeds (own epoch tag)."""
+def _presample_inputs(topo, sampler: SamplerConfig, plan: EpochPlan, seed: int, link) -> list:
+    """Input ids of up to PROBE_STEPS minibatches of this rank's seeds (own epoch tag; the
+    same count on every rank, so a partitioned structure's lookups pair up)."""
     steps = min(plan.steps, PROBE_STEPS)
     seeds = plan.minibatches(PRESAMPLE_EPOCH)[:steps]
     rngs = [batch_rng(seed, PRESAMPLE_EPOCH, plan.stream, s) for s in range(steps)]
-    return [b[0].src_ids for b in BulkSampler(topo, sampler).sample(seeds, rngs)]
+    blocks = BulkSampler(topo, sampler).sample(seeds, rngs, link=None if topo.replicated else link)
+    return [b[0].src_ids for b in blocks]
 
 
 def minibatch_rank(rank: int, world: int, args, shard_dir, device) -> dict:

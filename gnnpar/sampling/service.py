@@ -79,8 +79,9 @@ class ReadyBatch:
 @dataclass
 class SamplingStats:
     """Per-rank counters of the ready macrobatches (summed over an epoch by the trainer).
-    ``feat_bytes``: feature rows this rank sent; ``comm_bytes``: everything its fetches sent
-    (rows, ids, counts); ``sampler_s``: producer time (sampling, fetch, assembly)."""
+    ``feat_bytes``: feature rows this rank sent; ``comm_bytes``: everything its workers sent
+    (feature rows, ids, counts, partitioned-structure lookups); ``sampler_s``: producer time
+    (sampling, fetch, assembly)."""
 
     steps: int = 0
     sampled_edges: int = 0
@@ -213,17 +214,18 @@ class MacrobatchService:
     def produce(self, epoch: int, m: int, relabel: Relabeler, comm=None, axes=None) -> _Macro:
         """Macrobatch ``m`` of ``epoch``: sample, fetch features once, assemble."""
         t0 = time.perf_counter()
+        before = _sent_bytes(comm)
         K, plan, st = self.cfg.macrobatch, self.plan, self.store
         steps = range(m * K, min((m + 1) * K, plan.steps))
         seeds = [self._epoch_seeds(epoch)[s] for s in steps]
         rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
+        link = None if self.topo.replicated else (comm, axes)
         if isinstance(self.sampler, BulkSampler):
-            blocks = self.sampler.sample(seeds, rngs, relabel)
+            blocks = self.sampler.sample(seeds, rngs, relabel, link)
         else:
-            blocks = [self.sampler.sample(s, r, relabel) for s, r in zip(seeds, rngs)]
+            blocks = [self.sampler.sample(s, r, relabel, link) for s, r in zip(seeds, rngs)]
         inputs = [b[0].src_ids for b in blocks]
         union = relabel.union(inputs)
-        before = _sent_bytes(comm)
         table, fetched = st.fetch(union, comm, axes)
         after = _sent_bytes(comm)
         stats = SamplingStats(

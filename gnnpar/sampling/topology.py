@@ -19,7 +19,7 @@ Memory of a replicated topology, per rank: 8(n+1) + e·(4 or 8) + 4e·K + 4n·K 
 (``rmat:scale=17,ef=16``, K = 1: 1.0 + 14.9 + 14.9 + 0.5 MB ≈ 31 MB). :func:`gather_topology`
 builds it from the ranks' shards with all-gathers, so every rank needs that much once more
 transiently; the partitioned alternative (each rank keeps its rows only, e/p entries) is
-described in ``gnnpar.sampling`` and not implemented.
+is :class:`~gnnpar.sampling.partitioned.PartitionedTopology`.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def index_dtype(n: int):
 class Topology:
     """Off-diagonal CSR of Â plus its diagonal (see module docstring for shapes)."""
 
+    replicated = True
     indptr: np.ndarray
     entries: np.ndarray
     self_values: Dict[str, np.ndarray]
@@ -72,6 +73,10 @@ class Topology:
     @property
     def kinds(self) -> tuple:
         return tuple(self.self_values)
+
+    def in_rows(self) -> np.ndarray:
+        """How many rows list each vertex as a neighbour (column counts), (n,) int64."""
+        return np.bincount(self.indices, minlength=self.num_nodes)
 
     def nbytes(self) -> int:
         """Bytes this topology holds (the per-rank cost of a replicated graph)."""
