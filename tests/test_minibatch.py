@@ -36,10 +36,11 @@ def cli_args(*argv):
 
 
 def uneven_partition(graph, ratio=3):
-    """Two parts; part 0 owns ``ratio`` times as many training nodes as part 1."""
+    """Two parts; part 0 owns ``ratio`` times as many training nodes as part 1 (all of them
+    when ``ratio`` is None)."""
     owner = np.ones(graph.num_nodes, np.int32)
     train = np.flatnonzero(graph.train_mask)
-    owner[train[:len(train) * ratio // (ratio + 1)]] = 0
+    owner[train if ratio is None else train[:len(train) * ratio // (ratio + 1)]] = 0
     rest = np.flatnonzero(~graph.train_mask)
     owner[rest[: len(rest) // 2]] = 0
     return Partition.from_owner(owner, 2, method="uneven")
@@ -79,9 +80,9 @@ def test_minibatch_accuracy_within_two_points_of_full_batch(kind, extra):
 
 
 # ---------------------------------------------------------------- uneven seeds, exact step
-def uneven_body(rank, world, kind):
+def uneven_body(rank, world, kind, ratio):
     graph = random_graph(n=120, avg_deg=4, f=6, classes=3, seed=9)
-    shard = build_shard(graph, uneven_partition(graph), rank)
+    shard = build_shard(graph, uneven_partition(graph, ratio), rank)
     args = cli_args("--fanouts=-1,-1", "--batch-size", "16", "--macrobatch", "2",
                     "--sampler-workers", "2", "--prefetch", "1")
     torch.manual_seed(0)
@@ -106,10 +107,10 @@ def uneven_body(rank, world, kind):
             "sizes": [b.seeds.size for b in batches], "own": int(plan.seeds.size)}
 
 
-@pytest.mark.parametrize("kind", ["gcn", "sage"])
-def test_uneven_seeds_same_steps_and_exact_gradient(kind):
-    res = spawn(uneven_body, 2, args=(kind,), timeout_s=120)
-    assert res[0]["own"] == 3 * res[1]["own"]
+@pytest.mark.parametrize("kind,ratio", [("gcn", 3), ("sage", 3), ("sage", None)])
+def test_uneven_seeds_same_steps_and_exact_gradient(kind, ratio):
+    res = spawn(uneven_body, 2, args=(kind, ratio), timeout_s=120)
+    assert res[0]["own"] == (3 * res[1]["own"] if ratio else 72) and res[0]["own"] > 0
     assert res[0]["steps"] == res[1]["steps"]
     assert max(res[0]["sizes"]) <= 16 and max(res[1]["sizes"]) < max(res[0]["sizes"])
     # the synced step equals one serial full-graph step on both ranks' seeds together
