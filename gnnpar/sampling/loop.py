@@ -13,6 +13,17 @@ sampled subgraph with a distributed bipartite SpMM and gradients are reduced ove
 axis only) plug in here as another engine with the same three methods; they wait for the
 kernels to accept rectangular n_dst × n_src blocks.
 
+Epoch record (one JSON line): DESIGN.md's fields — ``loss`` is the mean over every rank's
+seeds of the epoch; ``comm_bytes`` counts what all ranks sent for training: gradient
+all-reduces plus the samplers' feature rows, id requests and (partitioned structure)
+lookups; evaluation and setup traffic are not counted — plus ``train_s`` (steps only),
+``steps`` (per rank, equal on all), and the sampling fields summed over ranks:
+``sampled_edges`` (neighbour entries kept, self entries not counted), ``input_nodes``
+(Σ over minibatches of the first block's sources), ``unique_input_nodes`` (Σ over
+macrobatches of their union), ``feat_bytes`` (feature rows moved between ranks),
+``cache_hit_rate`` (remote input rows served by the cache / remote input rows), and, as the
+maximum over ranks, ``sampler_s`` (producer time) and ``stall_s`` (time the trainer waited).
+
 Evaluation is **full-neighbourhood layer-wise inference**: one forward pass of the whole
 graph with the exact Â (serial SpMM, or the 1D halo-exchange SpMM over the shards), layer by
 layer, no sampling and no gradient — the accuracies are those of the full-batch model.
@@ -129,6 +140,8 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
 
 
 class _MaxReducer:
+    """Adapter: what :func:`gnnpar.memory.peak_memory_bytes` calls to take a maximum."""
+
     def __init__(self, engine):
         self.engine = engine
 
