@@ -11,7 +11,7 @@ Memory per rank (e_r ≈ e/p own entries, K kinds, n vertices):
     replicated:   8(n+1)   + e·(4 + 4K)   + 4nK                      + 8n (owner map)
 
 (4 → 8 bytes per column id from 2³¹ vertices). On ``rmat:scale=17,ef=16`` with K = 1 at 4
-ranks: ≈ 8.5 MB against ≈ 32 MB per rank.
+ranks: ≈ 9.3 MB against ≈ 31.4 MB per rank.
 
 Sampling a layer: the chooser draws positions from degrees alone, so the draws are exactly
 those of the replicated structure; then one *lookup*: rows this rank owns are read in
