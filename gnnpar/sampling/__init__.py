@@ -3,6 +3,7 @@
 One file per idea:
 
 - :mod:`.topology` — Â as the samplers read it (diagonal + off-diagonal CSR, replicated);
+- :mod:`.partitioned` — the same, each rank holding only its own rows;
 - :mod:`.choose` — which positions of each row are kept (Floyd's algorithm, vectorised);
 - :mod:`.blocks` — :class:`Block` / :class:`MiniBatch` and block-local numbering;
 - :mod:`.neighbor` — node-wise sampling of one minibatch (the reference);
@@ -21,11 +22,10 @@ Quick use (serial)::
     blocks = sampler.sample([seeds_a, seeds_b], [batch_rng(0, 0, 0, 0), batch_rng(0, 0, 0, 1)])
     logits_a = model([b.operator() for b in blocks[0]], x[blocks[0][0].src_ids])
 
-Graph structure: every rank holds the whole sampling topology (replicated; its memory is in
-:mod:`.topology`). A partitioned structure — each rank keeping only its rows, about 1/p of
-that, plus the degree vector (8n bytes) — would send each layer's chosen positions to the
-rows' owners (the choosers already work from degrees alone, so the draws would not change);
-it is not implemented.
+Graph structure: replicated on every rank (:mod:`.topology`) or partitioned
+(:mod:`.partitioned`, ``--no-replicate-graph``: each rank its own rows, the neighbours of
+other rows asked of their owners once per layer); both draw exactly the same blocks. Their
+memory per rank is in those modules' docstrings.
 """
 from .blocks import Block, MiniBatch, Relabeler
 from .bulk import BulkSampler

@@ -19,7 +19,7 @@ Memory of a replicated topology, per rank: 8(n+1) + e·(4 or 8) + 4e·K + 4n·K 
 (``rmat:scale=17,ef=16``, K = 1: 1.0 + 14.9 + 14.9 + 0.5 MB ≈ 31 MB). :func:`gather_topology`
 builds it from the ranks' shards with all-gathers, so every rank needs that much once more
 transiently; the partitioned alternative (each rank keeps its rows only, e/p entries) is
-is :class:`~gnnpar.sampling.partitioned.PartitionedTopology`.
+:class:`~gnnpar.sampling.partitioned.PartitionedTopology`.
 """
 from __future__ import annotations
 
