@@ -31,10 +31,12 @@ from .blocks import Block, MiniBatch, Relabeler
 from .bulk import BulkSampler
 from .features import FeatureStore
 from .neighbor import NeighborSampler, SamplerConfig, batch_rng, parse_fanouts
+from .partitioned import PartitionedTopology
 from .seeds import EpochPlan
 from .service import MacrobatchService, ReadyBatch, SamplingStats, ServiceConfig
 from .topology import Topology, gather_topology
 
 __all__ = ["Block", "MiniBatch", "Relabeler", "BulkSampler", "FeatureStore", "NeighborSampler",
-           "SamplerConfig", "batch_rng", "parse_fanouts", "EpochPlan", "MacrobatchService",
+           "SamplerConfig", "batch_rng", "parse_fanouts", "PartitionedTopology", "EpochPlan",
+           "MacrobatchService",
            "ReadyBatch", "SamplingStats", "ServiceConfig", "Topology", "gather_topology"]
