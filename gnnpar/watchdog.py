@@ -92,6 +92,7 @@ class Watchdog:
         self._beat = 0
         self._state = "run"
         self._stop = threading.Event()
+        self._dying = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self._seen: Dict[int, tuple] = {}
@@ -154,7 +155,9 @@ class Watchdog:
             yield
         except Exception as e:  # noqa: BLE001 - re-raised unless a verdict ends the process
             if _looks_like_comm_error(e) and self._thread is not None:
-                self._thread.join(self.timeout + 2 * self.interval + 1)
+                self._thread.join(self.timeout + 3 * self.interval + 2)
+                if self._dying.is_set():
+                    self._thread.join()  # the verdict is being shared; the exit follows
             raise
 
     def stop(self) -> None:
@@ -211,7 +214,11 @@ class Watchdog:
     def _tick(self, now: float) -> None:
         verdict = f"{self.prefix}/verdict"
         if self.store.check([verdict]):
-            self._die(self.store.get(verdict).decode(), write=False)
+            message = self.store.get(verdict).decode()
+            self.store.set(f"{self.prefix}/ack/{self.rank}", "1")
+            lost = int(self.store.get(f"{self.prefix}/verdict_rank").decode()) \
+                if self.store.check([f"{self.prefix}/verdict_rank"]) else -1
+            self._die(message, write=False, lost=lost)
         for r in self._changed:
             if r in self._done:
                 continue
@@ -228,7 +235,7 @@ class Watchdog:
             if silent > self.timeout:
                 phase = self._seen[r][3] if r in self._seen else "startup (never started)"
                 self._die(f"gnnpar: rank {r} lost during {phase} "
-                          f"(no heartbeat for {silent:.0f} s)")
+                          f"(no heartbeat for {silent:.0f} s)", lost=r)
         if self.stall_timeout:
             self._check_stall(now)
 
@@ -264,20 +271,34 @@ class Watchdog:
         self._die(f"gnnpar: rank {self.rank} lost the rendezvous store during {self._phase} "
                   f"({why})", write=False)
 
-    def _die(self, verdict: str, write: bool = True) -> None:
-        """Print ``verdict; rank R stops`` and leave; ``write`` shares it with the peers."""
-        if write:
-            try:
+    def _die(self, verdict: str, write: bool = True, lost: int = -1) -> None:
+        """Print ``verdict; rank R stops`` and leave; ``write`` shares it with the peers.
+
+        The store's owner leaves last: its exit takes the store down, so it first waits
+        (a few beats at most) until every live peer acknowledged the verdict — otherwise a
+        slow peer would find the store gone and blame the owner instead.
+        """
+        self._dying.set()
+        try:
+            if write:
+                self.store.set(f"{self.prefix}/verdict_rank", str(lost))
                 self.store.set(f"{self.prefix}/verdict", verdict)
-            except Exception:  # noqa: BLE001 - best effort: others will notice on their own
-                pass
+            if self.rank == self.store_owner:
+                self._await_acks(lost)
+        except Exception:  # noqa: BLE001 - best effort: others will notice on their own
+            pass
         try:
             self.out.write(f"{verdict}; rank {self.rank} stops\n")
             self.out.flush()
         finally:
-            if self.rank == self.store_owner and write:
-                time.sleep(min(2 * self.interval + 0.5, self.timeout))  # let peers read it
             os._exit(self.exit_code)
+
+    def _await_acks(self, lost: int) -> None:
+        waiting = {r for r in self._changed if r not in self._done and r != lost}
+        deadline = time.monotonic() + 2 * self.interval + 5.0
+        while waiting and time.monotonic() < deadline:
+            waiting = {r for r in waiting if not self.store.check([f"{self.prefix}/ack/{r}"])}
+            time.sleep(min(self.interval, 0.1))
 
 
 def _looks_like_comm_error(e: BaseException) -> bool:
