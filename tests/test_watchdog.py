@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gnnpar.bootstrap import free_port
-from gnnpar.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog, die_with_parent,
+from gnnpar.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog,
                              on_sigterm)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
