@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
-from .cli_common import JsonLog, progress
+from .logged import train_logged
 from .models import build_model
 from .trainer import TrainConfig, fit
 
@@ -136,26 +136,10 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
     torch.manual_seed(args.seed * 1000003 + rank)  # dropout masks differ between ranks' rows
     rt = DistRuntime(grid, shard, args.algo, model.norm, device, **algo_kwargs(args))
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
-    lead = rank == 0
     fields = {"algo": args.algo, "world_size": world, "grid": list(shape.values())}
-    log = JsonLog(args.log_json if lead else None)
-    bar = progress(cfg.epochs, f"train[{args.algo} x{world}]", lead and not args.quiet)
-
-    def on_epoch(rec):
-        log.write({**rec, **fields})
-        bar.update(1)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
-
-    try:
-        history = fit(model, rt, cfg, on_epoch)
-    finally:
-        bar.close()
-    from .train import final_metrics
-    final = {"final": True, **fields, **final_metrics(history)}
-    log.write(final)
-    log.close()
-    if lead and args.save_model:
-        torch.save({"state_dict": model.state_dict(), "model": args.model}, args.save_model)
+    final = train_logged(lambda on_epoch: fit(model, rt, cfg, on_epoch), model, args, fields,
+                         rank == 0, f"train[{args.algo} x{world}]",
+                         {"f_in": f_in, "f_out": int(shard.num_classes)})
     return final
 
 

@@ -22,7 +22,8 @@ import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
-from .cli_common import JsonLog, progress, run_cli
+from .cli_common import run_cli
+from .logged import final_metrics, train_logged  # noqa: F401  (final_metrics: re-export)
 from .models import build_model
 from .options import build_parser, check_args
 from .serial import SerialRuntime
@@ -64,26 +65,9 @@ def run(args) -> int:
                         args.layers, args.dropout).to(device)
     rt = SerialRuntime(graph, model.norm, device)
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
-    run_fields = {"algo": "serial", "world_size": 1, "grid": [1]}
-    log = JsonLog(args.log_json)
-    bar = progress(cfg.epochs, "train", not args.quiet)
-
-    def on_epoch(rec):
-        log.write({**rec, **run_fields})
-        bar.update(1)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
-
-    try:
-        history = fit(model, rt, cfg, on_epoch)
-    finally:
-        bar.close()
-    final = {"final": True, **run_fields, **final_metrics(history)}
-    log.write(final)
-    log.close()
-    if args.save_model:
-        torch.save({"state_dict": model.state_dict(), "model": args.model, "layers": args.layers,
-                    "hidden": args.hidden, "f_in": graph.num_features,
-                    "f_out": graph.num_classes}, args.save_model)
+    final = train_logged(lambda on_epoch: fit(model, rt, cfg, on_epoch), model, args,
+                         {"algo": "serial", "world_size": 1, "grid": [1]}, True, "train",
+                         {"f_in": graph.num_features, "f_out": graph.num_classes})
     _print_final(final, args.quiet)
     return 0
 
@@ -92,17 +76,6 @@ def _print_final(final: dict, quiet: bool) -> None:
     if not quiet:
         print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in final.items() if k != "final"), file=sys.stderr)
-
-
-def final_metrics(history) -> dict:
-    if not history:
-        return {"epochs": 0}
-    last = history[-1]
-    keys = ("loss", "train_acc", "val_acc", "test_acc")
-    return {"epochs": len(history), **{k: last[k] for k in keys},
-            "total_s": sum(r["epoch_s"] for r in history),
-            "comm_bytes": sum(r["comm_bytes"] for r in history),
-            "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history)}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,53 @@
+"""One training run as the CLI shows it: a progress bar and a JSON line per epoch on the lead
+rank, the final record, and the saved weights — the same for every mode and algorithm."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from .cli_common import JsonLog, progress
+
+
+def final_metrics(history: List[dict]) -> dict:
+    """The last epoch's metrics plus run totals (time, bytes, peak memory)."""
+    if not history:
+        return {"epochs": 0}
+    last = history[-1]
+    keys = ("loss", "train_acc", "val_acc", "test_acc")
+    return {"epochs": len(history), **{k: last[k] for k in keys},
+            "total_s": sum(r["epoch_s"] for r in history),
+            "comm_bytes": sum(r["comm_bytes"] for r in history),
+            "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history)}
+
+
+def save_weights(path: str, model, args, shapes: Dict[str, int]) -> None:
+    """Weights plus what rebuilding the model needs (``torch.load(weights_only=True)`` safe)."""
+    torch.save({"state_dict": model.state_dict(), "model": args.model, "layers": args.layers,
+                "hidden": args.hidden, **shapes}, path)
+
+
+def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: str,
+                 shapes: Dict[str, int], extra_final: Optional[Callable] = None) -> dict:
+    """Run ``fit_fn(on_epoch)`` (returns the epoch records) with logging; returns the final
+    record. ``fields`` (algo, world_size, grid, …) are added to every record;
+    ``extra_final(history)`` adds fields to the final one."""
+    log = JsonLog(args.log_json if lead else None)
+    bar = progress(args.epochs, desc, lead and not args.quiet)
+
+    def on_epoch(rec):
+        log.write({**rec, **fields})
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
+
+    try:
+        history = fit_fn(on_epoch)
+    finally:
+        bar.close()
+    final = {"final": True, **fields, **final_metrics(history),
+             **(extra_final(history) if extra_final else {})}
+    log.write(final)
+    log.close()
+    if lead and args.save_model:
+        save_weights(args.save_model, model, args, shapes)
+    return final
