@@ -6,7 +6,7 @@ global ids of the rows it owns, when they differ from the shard's) and ``take_ro
 """
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -129,14 +129,91 @@ def grid_shape(algo: str, world: int, dims=None, replication: int = 1) -> Dict[s
     raise InputError(f"unknown algorithm {algo!r}; choose one of {', '.join(sorted(BUILDERS))}")
 
 
+def _combos(algo: str, axes) -> list:
+    """Axis combinations ``algo``'s kernel uses on a grid of ``axes``: all of them together
+    (setup exchanges, gradient reduction) and, for 3d/4d, each pair of the cube's axes."""
+    combos = [tuple(axes)] if len(axes) > 1 else []
+    if algo in ("3d", "4d"):
+        inner = ("row", "col", "depth")
+        combos += [tuple(a for a in inner if a != b) for b in inner]
+    return combos
+
+
 def make_grid(algo: str, world: int, dims=None, replication: int = 1):
     """A :class:`ProcessGrid` for ``algo`` with every axis combination its kernel and the
     gradient reduction use (all ranks must call this together)."""
     from .grid import ProcessGrid
     shape = grid_shape(algo, world, dims, replication)
-    axes = tuple(shape)
-    combos = [axes] if len(axes) > 1 else []
-    if algo in ("3d", "4d"):
-        inner = ("row", "col", "depth")
-        combos += [tuple(a for a in inner if a != b) for b in inner]
-    return ProcessGrid.create(shape, world_size=world, combos=combos)
+    return ProcessGrid.create(shape, world_size=world, combos=_combos(algo, tuple(shape)))
+
+
+#: algorithms that can run one sampled subgraph on a group of ranks (mini-batch training)
+GROUP_ALGOS = ("1d", "1d-halo", "1.5d", "2d", "3d", "4d")
+
+
+def group_grid_shape(algo: str, world: Optional[int], group_size=None, dims=None, replication: int = 1):
+    """``(d, shape)``: d data-parallel groups of ``algo``'s grid ``shape`` (one group's ranks);
+    ``world=None`` checks the flags alone (d is then None unless 4d's ``dims`` give it).
+
+    4d: ``dims`` = (d, px, py, pz), or (px, py, pz) with d = world / (px·py·pz); the group's
+    shape keeps 4d's axes with ``data`` = 1. 2d/3d: the group is ``dims`` (``group_size``, if
+    given, must equal their product). 1d, 1d-halo, 1.5d: ``group_size`` ranks (1.5d splits
+    them into (g/c) × c with ``replication`` c).
+    """
+    if algo not in GROUP_ALGOS:
+        raise InputError(f"--algo {algo} cannot run a sampled subgraph on a group of ranks; "
+                         f"choose one of {', '.join(GROUP_ALGOS)}")
+    dims = tuple(int(x) for x in dims) if dims else None
+    if algo == "4d":
+        if dims is None or len(dims) not in (3, 4):
+            raise InputError(f"4d needs --grid DxPXxPYxPZ (or PXxPYxPZ), got {dims}")
+        cube = dims[-3:]
+        g = cube[0] * cube[1] * cube[2]
+        shape = {"data": 1, "row": cube[0], "col": cube[1], "depth": cube[2]}
+        d = dims[0] if len(dims) == 4 else (world // g if world else None)
+    else:
+        if algo in ("2d", "3d"):
+            want = 2 if algo == "2d" else 3
+            if dims is None or len(dims) != want:
+                raise InputError(f"{algo} needs --grid with {want} sizes whose product is the "
+                                 f"group size, got {dims}")
+            g = int(np.prod(dims))
+        else:
+            if group_size is None:
+                raise InputError(f"--algo {algo} in mini-batch training needs --group-size")
+            g = int(group_size)
+        if g < 1:
+            raise InputError(f"--group-size must be >= 1, got {g}")
+        shape = grid_shape(algo, g, dims, replication)
+        d = world // g if world else None
+    if group_size is not None and int(group_size) != g:
+        raise InputError(f"--group-size {group_size} disagrees with --grid {dims} ({g} ranks per "
+                         f"group)")
+    if world is not None and (d < 1 or d * g != world):
+        if algo == "4d" and len(dims) == 4:
+            raise InputError(f"--grid {'x'.join(map(str, dims))} has {d * g} ranks but the world "
+                             f"size is {world}")
+        raise InputError(f"the world size {world} must be a multiple of the group size {g}")
+    return d, shape
+
+
+def make_group_grid(algo: str, world: int, group_size=None, dims=None, replication: int = 1):
+    """``(world grid, group grid)`` for mini-batch training of one sampled subgraph per group.
+
+    The world grid is ``data`` (d groups, varying slowest) × the group's kernel axes, with the
+    all-axes group for the gradient reduction; the group grid
+    (:class:`~gnnpar.kernels.bipartite.GroupGrid`) is this rank's group alone, ranks numbered
+    inside it, so every builder runs on it as on a whole world. All ranks call this together.
+    """
+    from .bipartite import group_view
+    from .grid import ProcessGrid
+    d, shape = group_grid_shape(algo, world, group_size, dims, replication)
+    kernel = _combos(algo, tuple(shape))
+    outer = {"data": d, **{a: s for a, s in shape.items() if a != "data"}}
+    wanted = [tuple(a for a in c if a != "data") for c in kernel] + [tuple(outer)]
+    combos = []
+    for c in wanted:
+        if len(c) > 1 and c not in combos:
+            combos.append(c)
+    grid = ProcessGrid.create(outer, world_size=world, combos=combos)
+    return grid, group_view(grid, shape, kernel)

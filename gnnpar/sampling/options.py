@@ -7,7 +7,7 @@ from gnnpar.datasets import InputError
 
 MODES = ("fullbatch", "minibatch")
 #: flags that mean nothing in full-batch mode -> the value that means "not given"
-MINIBATCH_ONLY = {"fanouts": None, "batch_size": None, "macrobatch": None}
+MINIBATCH_ONLY = {"fanouts": None, "batch_size": None, "macrobatch": None, "group_size": None}
 
 
 def add_minibatch_args(p: argparse.ArgumentParser) -> None:
@@ -40,8 +40,9 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                         "each rank its own rows, neighbours of others' rows asked of their "
                         "owners per layer (less memory, more messages; ignored serially)")
     b.add_argument("--group-size", type=int, default=None,
-                   help="ranks sharing one sampled subgraph (not implemented: needs the "
-                        "bipartite distributed kernels)")
+                   help="ranks sharing one sampled subgraph, with --algo 1d/1d-halo/1.5d (2d, "
+                        "3d: the --grid product; 4d: PX*PY*PZ of --grid DxPXxPYxPZ); world/g "
+                        "groups train data parallel (default: no groups, plain data parallel)")
 
 
 def check_mode_args(args) -> None:
@@ -66,7 +67,23 @@ def check_mode_args(args) -> None:
             raise InputError(f"{flag} must be >= 1, got {value}")
     if not 0.0 <= args.cache_frac <= 1.0:
         raise InputError(f"--cache-frac must be in [0, 1], got {args.cache_frac}")
-    if args.algo != "serial" or (args.group_size or 1) > 1:
-        raise InputError("--mode minibatch runs data parallel (omit --algo); splitting a sampled "
-                         "subgraph over a group of ranks (--algo 1d..4d, --group-size) is not "
-                         "implemented yet")
+    check_group_args(args)
+
+
+def check_group_args(args) -> None:
+    """``--algo``/``--group-size``/``--grid`` of grouped mini-batch training (world-size
+    checks where ``--nprocs`` gives it; under a launcher the ranks check it)."""
+    if args.algo == "serial":
+        if args.group_size is not None and args.group_size != 1:
+            raise InputError("--group-size needs --algo (1d, 1d-halo, 1.5d, 2d, 3d or 4d) to "
+                             "split each sampled subgraph over its group")
+        return
+    if args.algo == "auto":
+        raise InputError("--algo auto is for full-batch training; in --mode minibatch give "
+                         "--algo 1d, 1d-halo, 1.5d, 2d, 3d or 4d with --group-size/--grid")
+    if args.group_size is not None and args.group_size < 1:
+        raise InputError(f"--group-size must be >= 1, got {args.group_size}")
+    from gnnpar.kernels.build import group_grid_shape
+    from gnnpar.kernels.grid import parse_grid
+    dims = parse_grid(args.grid) if args.grid else None
+    group_grid_shape(args.algo, args.nprocs, args.group_size, dims, args.replication or 1)

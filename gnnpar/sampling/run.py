@@ -29,6 +29,7 @@ from gnnpar.kernels.local import as_tensor
 from .bulk import BulkSampler
 from .cache import PRESAMPLE_EPOCH, cache_size, choose_cache
 from .features import FeatureStore
+from .grouped import Group, GroupedService
 from .loop import DataParallel, fit_minibatch
 from .neighbor import SamplerConfig, batch_rng
 from .partitioned import PartitionedTopology
@@ -81,7 +82,8 @@ def _train_and_log(model, service, engine, eval_rt, args, world, info, lead, sha
     from gnnpar.train import final_metrics
     cfg = _train_cfg(args)
     fields = {"algo": "data-parallel" if world > 1 else "serial", "world_size": world,
-              "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood"}
+              "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood",
+              **info.pop("layout", {})}
     log = JsonLog(args.log_json if lead else None)
     bar = progress(cfg.epochs, f"minibatch x{world}", lead and not args.quiet)
 
@@ -128,11 +130,15 @@ class _EvalRuntime:
 
 
 def build_rank(rank: int, world: int, shard, args, norm: str, device):
-    """Everything rank ``rank`` needs but the model: (service, engine, eval runtime, info)."""
+    """Everything rank ``rank`` needs but the model: (service, engine, eval runtime, info).
+
+    ``args.algo`` other than ``serial`` splits the ranks into groups that each run one sampled
+    subgraph on a distributed SpMM (:mod:`~gnnpar.sampling.grouped`)."""
     from gnnpar.kernels.comm import Comm
     from gnnpar.kernels.grid import ProcessGrid
     grid = ProcessGrid.create({"data": world})
     comm = Comm(grid)
+    group = None if args.algo == "serial" else Group.create(args, world)
     with comm.in_phase("setup"):
         store = FeatureStore.from_shard(shard, comm, "data")
         if args.replicate_graph:
@@ -140,10 +146,17 @@ def build_rank(rank: int, world: int, shard, args, norm: str, device):
         else:
             topo = PartitionedTopology.from_shard(shard, comm, "data", (norm,), store.owner,
                                                   store.local_index, store.rank)
-        seeds = np.asarray(shard.global_ids)[np.asarray(shard.train_mask)]
+        train = np.asarray(shard.train_mask)
+        seeds = np.asarray(shard.global_ids)[train]
+        if group is not None:
+            seeds, labels = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
         counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
                                                              "data"))]
-    plan = EpochPlan(seeds, counts, rank, args.batch_size, args.seed)
+    if group is not None:  # every member holds its group's seeds: one count per group
+        counts, stream = counts[::group.g], group.index
+    else:
+        stream = rank
+    plan = EpochPlan(seeds, counts, stream, args.batch_size, args.seed)
     sampler = SamplerConfig(args.fanouts, norm, args.replace)
     n_cache = cache_size(args.cache_frac, topo.num_nodes, shard.n_local)
     probe = None
@@ -157,13 +170,21 @@ def build_rank(rank: int, world: int, shard, args, norm: str, device):
     workers = [(Comm(ProcessGrid.create({"data": world})), "data")
                for _ in range(args.sampler_workers)]
     eval_rt = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
-    service = MacrobatchService(topo, store, plan, sampler, _service_cfg(args, device),
-                                as_tensor(shard.y, np.int64), workers)
     setup_bytes, _, _ = comm.reset()
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
-            "cache_rows": int(ids.shape[0]),
-            "cache_bytes": store.cache_bytes(), "setup_bytes": setup_bytes}
-    return service, DataParallel(comm, "data"), eval_rt, info
+            "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes()}
+    if group is None:
+        service = MacrobatchService(topo, store, plan, sampler, _service_cfg(args, device),
+                                    as_tensor(shard.y, np.int64), workers)
+        engine = DataParallel(comm, "data")
+    else:
+        service = GroupedService(topo, store, plan, sampler, _service_cfg(args, device),
+                                 (seeds, labels), workers, group.me, group.g, group.offset)
+        engine = group.engine(norm, device)
+        setup_bytes += group.comm.reset()[0]
+        info["layout"] = group.fields()
+    info["setup_bytes"] = setup_bytes
+    return service, engine, eval_rt, info
 
 
 def _presample_inputs(topo, sampler: SamplerConfig, plan: EpochPlan, seed: int, link) -> list:

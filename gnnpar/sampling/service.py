@@ -65,7 +65,10 @@ class ServiceConfig:
 class ReadyBatch:
     """One minibatch ready for a step: ``model(ops, x)`` gives the logits of ``seeds``.
 
-    Shapes: seeds, y (B,); x (n_input, f); ops/blocks: L, input layer first."""
+    Shapes: seeds, y (B,); x (n_input, f); ops/blocks: L, input layer first. A rank of a
+    group sharing the minibatch holds only its part: ``shards`` (one
+    :class:`~gnnpar.kernels.bipartite.BlockShard` per layer, its engine builds the operators),
+    x its owned input rows, y the labels of its owned seeds; ``ops`` is None."""
 
     epoch: int
     step: int
@@ -74,6 +77,7 @@ class ReadyBatch:
     ops: list
     x: torch.Tensor
     y: torch.Tensor
+    shards: Optional[list] = None
 
 
 @dataclass
@@ -224,22 +228,45 @@ class MacrobatchService:
             blocks = self.sampler.sample(seeds, rngs, relabel, link)
         else:
             blocks = [self.sampler.sample(s, r, relabel, link) for s, r in zip(seeds, rngs)]
-        inputs = [b[0].src_ids for b in blocks]
-        union = relabel.union(inputs)
+        shares = [self.share(b) for b in blocks]
+        union = relabel.union([sh.input_ids for sh in shares])
         table, fetched = st.fetch(union, comm, axes)
         after = _sent_bytes(comm)
+        counted = self.counts_sampling
         stats = SamplingStats(
-            steps=len(steps), sampled_edges=sum(blk.num_sampled for b in blocks for blk in b),
-            input_nodes=sum(int(i.shape[0]) for i in inputs), unique_input_nodes=fetched.unique,
-            remote_rows=fetched.remote, cache_hits=fetched.cache_hits,
-            feat_bytes=after[0] - before[0], comm_bytes=after[1] - before[1])
-        ready = []
-        for s, sd, bl, inp in zip(steps, seeds, blocks, inputs):
-            y = self.labels[torch.from_numpy(st.local_index[sd].astype(np.int64))]
-            ready.append(ReadyBatch(epoch, s, sd, bl, [b.operator(self.device) for b in bl],
-                                    table.gather(inp).to(self.device), y.to(self.device)))
+            steps=len(steps),
+            sampled_edges=sum(blk.num_sampled for b in blocks for blk in b) if counted else 0,
+            input_nodes=sum(b[0].num_src for b in blocks) if counted else 0,
+            unique_input_nodes=fetched.unique, remote_rows=fetched.remote,
+            cache_hits=fetched.cache_hits, feat_bytes=after[0] - before[0],
+            comm_bytes=after[1] - before[1])
+        ready = [self.assemble(epoch, s, sd, bl, sh, table)
+                 for s, sd, bl, sh in zip(steps, seeds, blocks, shares)]
         stats.sampler_s = time.perf_counter() - t0
         return _Macro(ready, stats)
+
+    # ------------------------------------------------------------------ what this rank runs
+    #: whether this rank's stats count the sampled edges and input nodes (a group of ranks
+    #: sharing one minibatch counts them once)
+    counts_sampling = True
+
+    def share(self, blocks: List[Block]):
+        """This rank's part of one minibatch: here all of it (``input_ids``: the feature rows
+        it needs). A group of ranks running one minibatch overrides this."""
+        return _Whole(blocks[0].src_ids)
+
+    def assemble(self, epoch: int, step: int, seeds: np.ndarray, blocks: List[Block], share,
+                 table) -> ReadyBatch:
+        """The ready minibatch: operators of the blocks, input features, seed labels."""
+        st = self.store
+        y = self.labels[torch.from_numpy(st.local_index[seeds].astype(np.int64))]
+        return ReadyBatch(epoch, step, seeds, blocks, [b.operator(self.device) for b in blocks],
+                          table.gather(share.input_ids).to(self.device), y.to(self.device))
+
+
+@dataclass
+class _Whole:
+    input_ids: np.ndarray
 
 
 def _sent_bytes(comm):
