@@ -45,12 +45,12 @@ def _one_line(e: BaseException) -> str:
 class JsonLog:
     """Appends one JSON object per line, flushed each time (safe to ``tail -f``)."""
 
-    def __init__(self, path: Optional[str]):
+    def __init__(self, path: Optional[str], append: bool = False):
         self.f = None
         if path:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
-            self.f = open(path, "w", encoding="utf-8")
+            self.f = open(path, "a" if append else "w", encoding="utf-8")
 
     def write(self, obj: dict) -> None:
         if self.f is not None:

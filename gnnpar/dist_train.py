@@ -9,20 +9,24 @@
 """
 from __future__ import annotations
 
-import datetime
 import os
+import shutil
 import sys
 import tempfile
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
 from .logged import train_logged
 from .models import build_model
-from .trainer import TrainConfig, fit
+from .resume import Checkpointing, run_meta
+from .watchdog import EXIT_PREEMPTED
+from .trainer import TrainConfig, fit, make_optimizer
+
+DEFAULT_PARTITIONER = "metis"
+
 
 def grid_dims(args):
     """``--grid`` as a tuple of ints (None when not given)."""
@@ -76,16 +80,6 @@ def resolve_auto(args, world: int) -> None:
               f"{best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank", file=sys.stderr)
 
 
-def pick_backend(choice: str, device: torch.device) -> str:
-    if choice == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
-    if choice == "mpi" and not dist.is_mpi_available():
-        raise InputError("--backend mpi: this torch build has no MPI backend; use gloo (or nccl)")
-    if choice not in ("gloo", "nccl", "mpi"):
-        raise InputError(f"unknown --backend {choice!r}; choose auto, gloo, nccl or mpi")
-    return choice
-
-
 def prepare_shards(args, world: int) -> str:
     """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them."""
     from gnnpar.partitioners import partition_graph, write_shards
@@ -102,19 +96,20 @@ def prepare_shards(args, world: int) -> str:
                          cache_dir=args.cache_dir)
     if not args.quiet:
         print(graph.summary(), file=sys.stderr)
-    part = partition_graph(graph, world, args.partitioner or "metis", seed=args.seed)
+    part = partition_graph(graph, world, args.partitioner or DEFAULT_PARTITIONER, seed=args.seed)
     write_shards(graph, part, out, norms=("gcn", "mean"))
     return out
 
 
-def rank_body(rank: int, world: int, args, shard_dir) -> dict:
-    """Everything one rank does once the process group exists; returns the final metrics."""
+def rank_body(rank: int, world: int, args, shard_dir, watchdog=None) -> dict:
+    """Everything one rank does once the process group exists; returns the final metrics.
+    ``watchdog`` (external launches) is told each communication phase, so a lost peer is
+    reported with what this rank was doing."""
     from gnnpar.partitioners.shards import load_shard
     from .distributed import DistRuntime
     device = torch.device(args.device_resolved)
-    if device.type == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
-        device = torch.device("cuda", local)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     if args.mode == "minibatch":
         from .sampling.run import minibatch_rank
@@ -127,7 +122,8 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
         from gnnpar.partitioners import partition_graph
         from gnnpar.partitioners.shard_build import build_shard
         graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed)
-        shard = build_shard(graph, partition_graph(graph, world, args.partitioner or "block",
+        shard = build_shard(graph, partition_graph(graph, world,
+                                                   args.partitioner or DEFAULT_PARTITIONER,
                                                    seed=args.seed), rank)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     f_in = int(shard.x.shape[1])
@@ -135,12 +131,24 @@ def rank_body(rank: int, world: int, args, shard_dir) -> dict:
                         args.dropout).to(device)
     torch.manual_seed(args.seed * 1000003 + rank)  # dropout masks differ between ranks' rows
     rt = DistRuntime(grid, shard, args.algo, model.norm, device, **algo_kwargs(args))
+    if watchdog is not None:
+        rt.comm.on_phase = watchdog.set_phase
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
+    opt = make_optimizer(model, cfg)
+    meta = run_meta(args, world, list(shape.values()), shard_fingerprint(shard, args))
+    ckpt = Checkpointing(args, rank, meta, model, opt, args.quiet or rank != 0)
     fields = {"algo": args.algo, "world_size": world, "grid": list(shape.values())}
-    final = train_logged(lambda on_epoch: fit(model, rt, cfg, on_epoch), model, args, fields,
-                         rank == 0, f"train[{args.algo} x{world}]",
-                         {"f_in": f_in, "f_out": int(shard.num_classes)})
+    final = train_logged(lambda on_epoch, start: fit(model, rt, cfg, on_epoch, start, opt),
+                         model, args, fields, rank == 0, f"train[{args.algo} x{world}]",
+                         {"f_in": f_in, "f_out": int(shard.num_classes)}, ckpt=ckpt)
     return final
+
+
+def shard_fingerprint(shard, args) -> str:
+    """Dataset fingerprint plus partitioning, as a checkpoint records it."""
+    meta = shard.meta or {}
+    data = meta.get("fingerprint") or f"{args.dataset or DEFAULT_SPEC}|directed={args.directed}"
+    return f"{data}|{meta.get('method')}|seed={meta.get('seed')}|parts={meta.get('parts')}"
 
 
 def _spawned(rank, world, args, shard_dir):
@@ -148,35 +156,54 @@ def _spawned(rank, world, args, shard_dir):
 
 
 def run_distributed(args) -> dict:
-    """Entry from ``gnnpar-train``: spawn locally or join the launcher's world."""
-    from .spawn import SpawnError, spawn
-    device = torch.device(args.device_resolved)
-    backend = pick_backend(args.backend, device)
+    """Entry from ``gnnpar-train``: spawn ``--nprocs`` local ranks, or join the world of the
+    launcher that started this process (torchrun, srun, mpirun; see ``gnnpar.bootstrap``)."""
+    from .bootstrap import detect_world, resolve_backend
+    info = detect_world(args.nprocs)
     if args.algo == "auto":
-        resolve_auto(args, args.nprocs or int(os.environ["WORLD_SIZE"]))
-    if args.nprocs:
-        if backend == "nccl" and args.nprocs > max(torch.cuda.device_count(), 1):
-            raise InputError(f"NCCL needs one GPU per rank: {args.nprocs} ranks, "
-                             f"{torch.cuda.device_count()} GPUs; use --backend gloo")
-        if args.mode != "minibatch":
-            make_run_grid(args, args.nprocs)  # fail before spawning
-        shard_dir = prepare_shards(args, args.nprocs)
-        try:
-            return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,
-                         timeout_s=args.timeout)[0]
-        except SpawnError as e:
-            first = str(e).splitlines()[0]
-            if "InputError" in str(e):
-                raise InputError(first.split("InputError: ", 1)[-1])
-            raise RuntimeError(first) from None
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+        resolve_auto(args, info.world_size)
+    backend = args.backend
+    if backend == "auto" and torch.device(args.device_resolved).type == "cpu":
+        backend = "gloo"  # a GPU host asked to train on CPU: NCCL cannot carry CPU tensors
+    if info.source == "local":
+        return _spawn_local(args, resolve_backend(backend, info)[0])
+    return _join_launched(args, info, backend)
+
+
+def _spawn_local(args, backend: str) -> dict:
+    from .spawn import SpawnError, spawn
+    if args.mode != "minibatch":
+        make_run_grid(args, args.nprocs)  # fail before spawning
+    made_here = not (args.partition_dir and os.path.exists(
+        os.path.join(args.partition_dir, "meta.json")))
+    shard_dir = prepare_shards(args, args.nprocs)
     try:
-        return rank_body(rank, world, args, args.partition_dir)
+        return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,
+                     timeout_s=args.timeout)[0]
+    except SpawnError as e:
+        first = str(e).splitlines()[0]
+        if "InputError" in str(e):
+            raise InputError(first.split("InputError: ", 1)[-1])
+        if f"SystemExit: {EXIT_PREEMPTED}" in str(e):
+            print("gnnpar-train: preempted (SIGTERM): checkpoint written", file=sys.stderr)
+            raise SystemExit(EXIT_PREEMPTED)
+        raise RuntimeError(first) from None
     finally:
-        dist.destroy_process_group()
+        if made_here and not args.partition_dir:
+            shutil.rmtree(shard_dir, ignore_errors=True)
 
 
-def launched_externally() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+def _join_launched(args, info, backend: str) -> dict:
+    """One rank of an external launch: join, watch the peers, train, leave."""
+    from .bootstrap import init_distributed, shutdown
+    from .watchdog import Watchdog
+    ctx = init_distributed(info, backend, args.timeout)
+    if ctx.device.type == "cuda":
+        args.device_resolved = str(ctx.device)
+    wd = Watchdog(info.rank, info.world_size, timeout=args.timeout).start()
+    try:
+        with wd.guard():
+            return rank_body(info.rank, info.world_size, args, args.partition_dir, wd)
+    finally:
+        wd.stop()
+        shutdown()

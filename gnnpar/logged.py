@@ -28,20 +28,26 @@ def save_weights(path: str, model, args, shapes: Dict[str, int]) -> None:
 
 
 def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: str,
-                 shapes: Dict[str, int], extra_final: Optional[Callable] = None) -> dict:
-    """Run ``fit_fn(on_epoch)`` (returns the epoch records) with logging; returns the final
-    record. ``fields`` (algo, world_size, grid, …) are added to every record;
-    ``extra_final(history)`` adds fields to the final one."""
-    log = JsonLog(args.log_json if lead else None)
-    bar = progress(args.epochs, desc, lead and not args.quiet)
+                 shapes: Dict[str, int], extra_final: Optional[Callable] = None,
+                 ckpt=None) -> dict:
+    """Run ``fit_fn(on_epoch, start_epoch)`` (returns the epoch records) with logging; returns
+    the final record. ``fields`` (algo, world_size, grid, …) are added to every record;
+    ``extra_final(history)`` adds fields to the final one. ``ckpt`` (a
+    :class:`gnnpar.resume.Checkpointing`) restores before and checkpoints after each epoch;
+    a resumed run appends to its JSON log."""
+    start = ckpt.restore() if ckpt is not None else 0
+    log = JsonLog(args.log_json if lead else None, append=start > 0)
+    bar = progress(args.epochs - start, desc, lead and not args.quiet)
 
     def on_epoch(rec):
         log.write({**rec, **fields})
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
+        if ckpt is not None:
+            ckpt.after_epoch(rec["epoch"])
 
     try:
-        history = fit_fn(on_epoch)
+        history = fit_fn(on_epoch, start)
     finally:
         bar.close()
     final = {"final": True, **fields, **final_metrics(history),

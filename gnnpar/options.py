@@ -5,9 +5,6 @@ import argparse
 
 from gnnpar.datasets import InputError
 
-# Flags of later stages: accepted by the parser, refused with a clear "not yet" until built.
-# name -> the value that means "not used"
-RESERVED = {"checkpoint_dir": None, "resume": False}
 ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d", "auto")
 
 
@@ -64,9 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a collective may wait before every rank fails")
     from .sampling.options import add_minibatch_args
     add_minibatch_args(p)
-    r = p.add_argument_group("later stages (reserved)")
-    r.add_argument("--checkpoint-dir", default=None, help="folder for checkpoints")
-    r.add_argument("--resume", action="store_true", help="resume from the newest checkpoint")
+    c = p.add_argument_group("checkpoints")
+    c.add_argument("--checkpoint-dir", default=None,
+                   help="folder for per-rank checkpoints (also written on SIGTERM)")
+    c.add_argument("--checkpoint-every", type=int, default=1, help="epochs between checkpoints")
+    c.add_argument("--checkpoint-keep", type=int, default=3, help="newest checkpoints kept")
+    c.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir (exact)")
     return p
 
 
@@ -91,7 +92,5 @@ def check_args(args) -> None:
         raise InputError("--nprocs > 1 needs a distributed --algo (1d, 1d-halo, 1.5d, 2d, 3d, 4d)")
     if args.timeout <= 0:
         raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    for name, unused in RESERVED.items():
-        if getattr(args, name) != unused:
-            flag = "--" + name.replace("_", "-")
-            raise InputError(f"{flag} is not implemented yet in this version of gnnpar")
+    from .resume import check_checkpoint_args
+    check_checkpoint_args(args)

@@ -11,7 +11,9 @@ import datetime
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import signal
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable, List, Optional, Sequence
@@ -28,10 +30,12 @@ class SpawnError(RuntimeError):
 def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results):
     import torch
     import torch.distributed as dist
+    from .watchdog import die_with_parent
+    die_with_parent()  # a rank never outlives the process that spawned it
+    _name_process(f"gnnpar-rank-{rank}")
     try:
         if threads:
             torch.set_num_threads(threads)
-        os.environ.setdefault("GNNPAR_LOCAL_RANK", str(rank))
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:
@@ -42,6 +46,15 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise SystemExit(1)
+
+
+def _name_process(name: str) -> None:
+    """Show the rank in ``ps``/``top`` (Linux thread name, 15 characters at most)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend: str = "gloo",
@@ -62,14 +75,31 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
                  for r in range(nprocs)]
         for p in procs:
             p.start()
+        forward = _forward_sigterm(procs)
         try:
             return _collect(procs, results, nprocs, timeout_s)
         finally:
+            forward()
             for p in procs:
                 if p.is_alive():
                     p.kill()
             for p in procs:
                 p.join(5)
+
+
+def _forward_sigterm(procs):
+    """While the ranks run, pass SIGTERM (SLURM preemption) on to them, so each can write
+    its checkpoint; returns the function that restores the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def _collect(procs, results, nprocs, timeout_s):

@@ -23,11 +23,12 @@ import torch
 from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
 from .cli_common import run_cli
-from .logged import final_metrics, train_logged  # noqa: F401  (final_metrics: re-export)
+from .logged import final_metrics, train_logged  # noqa: F401  (re-export for sampling.run)
 from .models import build_model
 from .options import build_parser, check_args
 from .serial import SerialRuntime
-from .trainer import TrainConfig, fit
+from .resume import Checkpointing, run_meta
+from .trainer import TrainConfig, fit, make_optimizer
 
 
 def pick_device(choice: str) -> torch.device:
@@ -44,9 +45,10 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     args.device_resolved = str(device)
-    from .dist_train import launched_externally, run_distributed
+    from .bootstrap import detect_world
+    from .dist_train import run_distributed
     minibatch = args.mode == "minibatch"
-    if (args.algo != "serial" or minibatch) and (args.nprocs or launched_externally()):
+    if (args.algo != "serial" or minibatch) and (args.nprocs or detect_world().launched):
         final = run_distributed(args)
         _print_final(final, args.quiet)
         return 0
@@ -65,9 +67,13 @@ def run(args) -> int:
                         args.layers, args.dropout).to(device)
     rt = SerialRuntime(graph, model.norm, device)
     cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
-    final = train_logged(lambda on_epoch: fit(model, rt, cfg, on_epoch), model, args,
-                         {"algo": "serial", "world_size": 1, "grid": [1]}, True, "train",
-                         {"f_in": graph.num_features, "f_out": graph.num_classes})
+    opt = make_optimizer(model, cfg)
+    fingerprint = graph.fingerprint() if args.checkpoint_dir else None
+    ckpt = Checkpointing(args, 0, run_meta(args, 1, [1], fingerprint), model, opt, args.quiet)
+    final = train_logged(lambda on_epoch, start: fit(model, rt, cfg, on_epoch, start, opt),
+                         model, args, {"algo": "serial", "world_size": 1, "grid": [1]}, True,
+                         "train", {"f_in": graph.num_features, "f_out": graph.num_classes},
+                         ckpt=ckpt)
     _print_final(final, args.quiet)
     return 0
 

@@ -90,13 +90,18 @@ def evaluate(model, rt) -> Dict[str, float]:
     return {f"{s}_acc": float(c[2 * i] / max(c[2 * i + 1], 1)) for i, s in enumerate(SPLITS)}
 
 
+def make_optimizer(model, cfg: TrainConfig):
+    """The optimiser every trainer uses (Adam), made before a checkpoint can restore it."""
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
 def fit(model, rt, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], None]] = None,
         start_epoch: int = 0, opt=None):
     """Train ``model`` on runtime ``rt``; calls ``on_epoch(record)`` after every epoch.
 
     Returns the list of epoch records (fields of DESIGN.md's JSON log, minus run-level ones).
     """
-    opt = opt or torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = opt or make_optimizer(model, cfg)
     train_count = float(rt.all_reduce_sum(rt.masks["train"].sum().to(torch.float64)))
     rt.comm_stats()  # reset the counters: setup traffic is not an epoch's
     history = []

@@ -49,6 +49,7 @@ class Comm:
     def __init__(self, grid: ProcessGrid):
         self.grid = grid
         self.phase = "forward"
+        self.on_phase = None  # optional callable told each phase change (a watchdog)
         self.bytes: Dict[Tuple[str, str], int] = defaultdict(int)
         self.messages: Dict[Tuple[str, str], int] = defaultdict(int)
         self.seconds = 0.0
@@ -57,10 +58,14 @@ class Comm:
     @contextmanager
     def in_phase(self, phase: str):
         old, self.phase = self.phase, phase
+        if self.on_phase is not None:
+            self.on_phase(phase)
         try:
             yield
         finally:
             self.phase = old
+            if self.on_phase is not None:
+                self.on_phase(old)
 
     def _count(self, axes, nbytes: int, msgs: int) -> None:
         key = ("+".join(axes) if not isinstance(axes, str) else axes, self.phase)
