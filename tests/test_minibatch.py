@@ -254,7 +254,7 @@ def test_cli_minibatch_two_ranks_writes_sampling_fields(tmp_path):
     (["--mode", "minibatch", "--fanouts", "5,5"], "--batch-size"),
     (["--fanouts", "5,5"], "--mode minibatch"),
     (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8", "--algo", "2d"],
-     "not implemented"),
+     "2d needs --grid"),
     (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8", "--cache-frac", "2"],
      "--cache-frac"),
 ])
