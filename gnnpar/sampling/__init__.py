@@ -13,6 +13,8 @@ One file per idea:
 - :mod:`.cache` — which remote rows a rank keeps;
 - :mod:`.service` — sampler threads running ahead of the trainer;
 - :mod:`.loop` — the data-parallel training loop and its engine hook;
+- :mod:`.grouped` — a group of ranks per minibatch (``--algo … --group-size g``, 4d): each
+  block on a full-batch kernel (:mod:`gnnpar.kernels.bipartite`), groups data parallel;
 - :mod:`.run` / :mod:`.options` — ``gnnpar-train --mode minibatch``.
 
 Quick use (serial)::

@@ -8,10 +8,11 @@ mean loss over all ranks' seeds of that step, as if one process had sampled them
 
 How a minibatch's blocks run and how gradients are combined is the *engine*'s business
 (:class:`DataParallel`: local SpMM per block, one flat all-reduce over the data axis). The
-grouped variants (``--algo 4d`` with d > 1, ``--group-size g``: a group of ranks runs one
-sampled subgraph with a distributed bipartite SpMM and gradients are reduced over the data
-axis only) plug in here as another engine with the same three methods; they wait for the
-kernels to accept rectangular n_dst × n_src blocks.
+grouped variants (``--algo 4d`` with d > 1, ``--algo 1d…3d --group-size g``: a group of
+ranks runs one sampled subgraph with a full-batch kernel on the block's square embedding)
+are another engine with the same methods,
+:class:`~gnnpar.sampling.grouped.GroupEngine`: each rank returns the loss of its owned seed
+rows and the gradients are summed once over every rank (see :mod:`.grouped`).
 
 Epoch record (one JSON line): DESIGN.md's fields — ``loss`` is the mean over every rank's
 seeds of the epoch; ``comm_bytes`` counts what all ranks sent for training: gradient
