@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "cost model's fastest that fits --mem-cap")
     g.add_argument("--nprocs", type=int, default=None,
                    help="spawn N local ranks (gloo on CPU); omit under torchrun")
-    g.add_argument("--grid", default=None, help="process grid AxB (2d) or AxBxC (3d/4d); in --mode minibatch one group's "
-                        "grid, and DxPXxPYxPZ for 4d (D data-parallel groups)")
+    g.add_argument("--grid", default=None,
+                   help="process grid AxB (2d) or AxBxC (3d/4d); in --mode minibatch one "
+                        "group's grid, and DxPXxPYxPZ for 4d (D data-parallel groups)")
     g.add_argument("--replication", type=int, default=None, help="1.5D replication factor c")
     g.add_argument("--partitioner", default=None,
                    help="block | random | metis | kaminpar (default metis for --nprocs)")
