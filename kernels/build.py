@@ -151,7 +151,8 @@ def make_grid(algo: str, world: int, dims=None, replication: int = 1):
 GROUP_ALGOS = ("1d", "1d-halo", "1.5d", "2d", "3d", "4d")
 
 
-def group_grid_shape(algo: str, world: Optional[int], group_size=None, dims=None, replication: int = 1):
+def group_grid_shape(algo: str, world: Optional[int], group_size=None, dims=None,
+                     replication: int = 1):
     """``(d, shape)``: d data-parallel groups of ``algo``'s grid ``shape`` (one group's ranks);
     ``world=None`` checks the flags alone (d is then None unless 4d's ``dims`` give it).
 
