@@ -105,7 +105,6 @@ def rank_body(rank: int, world: int, args, shard_dir, watchdog=None) -> dict:
     """Everything one rank does once the process group exists; returns the final metrics.
     ``watchdog`` (external launches) is told each communication phase, so a lost peer is
     reported with what this rank was doing."""
-    from gnnpar.partitioners.shards import load_shard
     from .distributed import DistRuntime
     device = torch.device(args.device_resolved)
     if device.type == "cuda" and device.index is None:
@@ -116,15 +115,7 @@ def rank_body(rank: int, world: int, args, shard_dir, watchdog=None) -> dict:
         return minibatch_rank(rank, world, args, shard_dir, device)
     shape, build_grid = make_run_grid(args, world)
     grid = build_grid()
-    if shard_dir is not None:
-        shard = load_shard(shard_dir, rank, world_size=world)
-    else:
-        from gnnpar.partitioners import partition_graph
-        from gnnpar.partitioners.shard_build import build_shard
-        graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed)
-        shard = build_shard(graph, partition_graph(graph, world,
-                                                   args.partitioner or DEFAULT_PARTITIONER,
-                                                   seed=args.seed), rank)
+    shard = load_rank_shard(rank, world, args, shard_dir)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     f_in = int(shard.x.shape[1])
     model = build_model(args.model, f_in, args.hidden, int(shard.num_classes), args.layers,
@@ -142,6 +133,20 @@ def rank_body(rank: int, world: int, args, shard_dir, watchdog=None) -> dict:
                          model, args, fields, rank == 0, f"train[{args.algo} x{world}]",
                          {"f_in": f_in, "f_out": int(shard.num_classes)}, ckpt=ckpt)
     return final
+
+
+def load_rank_shard(rank: int, world: int, args, shard_dir):
+    """This rank's shard: memory-mapped from ``shard_dir``, or (no shards written) cut from
+    the dataset in memory — every rank loads the whole graph then, fine for small graphs."""
+    from gnnpar.partitioners.shards import load_shard
+    if shard_dir is not None:
+        return load_shard(shard_dir, rank, world_size=world)
+    from gnnpar.partitioners import partition_graph
+    from gnnpar.partitioners.shard_build import build_shard
+    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed)
+    return build_shard(graph, partition_graph(graph, world,
+                                              args.partitioner or DEFAULT_PARTITIONER,
+                                              seed=args.seed), rank)
 
 
 def shard_fingerprint(shard, args) -> str:

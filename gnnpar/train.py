@@ -23,7 +23,7 @@ import torch
 from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
 from .cli_common import run_cli
-from .logged import final_metrics, train_logged  # noqa: F401  (re-export for sampling.run)
+from .logged import train_logged
 from .models import build_model
 from .options import build_parser, check_args
 from .serial import SerialRuntime

@@ -38,7 +38,7 @@ import torch
 from torch.nn import functional as F
 
 from gnnpar.memory import peak_memory_bytes
-from gnnpar.trainer import TrainConfig, evaluate, sync_device
+from gnnpar.trainer import TrainConfig, evaluate, make_optimizer, sync_device
 
 from .service import MacrobatchService, SamplingStats
 
@@ -107,11 +107,12 @@ def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
 
 
 def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: TrainConfig,
-                  on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0):
+                  on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0,
+                  opt=None):
     """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_rt`` is a full-batch runtime
     (``op``, ``x``, ``y``, ``masks``, ``all_reduce_sum``) used only to evaluate. Returns the
     epoch records (DESIGN.md's fields plus the sampling ones)."""
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = opt or make_optimizer(model, cfg)
     engine.comm_stats()
     service.start(start_epoch, cfg.epochs)
     history = []

@@ -73,36 +73,29 @@ def run_serial_cli(args, device) -> dict:
     eval_rt = SerialRuntime(graph, model.norm, device)
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0}
     return _train_and_log(model, service, DataParallel(), eval_rt, args, 1, info, True,
-                          {"f_in": graph.num_features, "f_out": graph.num_classes})
+                          {"f_in": graph.num_features, "f_out": graph.num_classes}, 0,
+                          graph.fingerprint() if args.checkpoint_dir else None)
 
 
-def _train_and_log(model, service, engine, eval_rt, args, world, info, lead, shapes) -> dict:
-    """Fit with a JSON line per epoch (lead rank), then the final record and saved weights."""
-    from gnnpar.cli_common import JsonLog, progress
-    from gnnpar.train import final_metrics
+def _train_and_log(model, service, engine, eval_rt, args, world, info, lead, shapes,
+                   rank: int = 0, fingerprint=None) -> dict:
+    """Fit with a JSON line per epoch (lead rank), checkpoints, the final record and saved
+    weights (``gnnpar.logged.train_logged``)."""
+    from gnnpar.logged import train_logged
+    from gnnpar.resume import Checkpointing, run_meta
+    from gnnpar.trainer import make_optimizer
     cfg = _train_cfg(args)
     fields = {"algo": "data-parallel" if world > 1 else "serial", "world_size": world,
               "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood",
               **info.pop("layout", {})}
-    log = JsonLog(args.log_json if lead else None)
-    bar = progress(cfg.epochs, f"minibatch x{world}", lead and not args.quiet)
-
-    def on_epoch(rec):
-        log.write({**rec, **fields})
-        bar.update(1)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
-
-    try:
-        history = fit_minibatch(model, service, engine, eval_rt, cfg, on_epoch)
-    finally:
-        bar.close()
-    final = {"final": True, **fields, **final_metrics(history), **final_sampling(history), **info}
-    log.write(final)
-    log.close()
-    if lead and args.save_model:
-        torch.save({"state_dict": model.state_dict(), "model": args.model, "layers": args.layers,
-                    "hidden": args.hidden, **shapes}, args.save_model)
-    return final
+    opt = make_optimizer(model, cfg)
+    ckpt = Checkpointing(args, rank, run_meta(args, world, [world], fingerprint), model, opt,
+                         args.quiet or not lead)
+    return train_logged(
+        lambda on_epoch, start: fit_minibatch(model, service, engine, eval_rt, cfg, on_epoch,
+                                              start, opt),
+        model, args, fields, lead, f"minibatch x{world}", shapes,
+        extra_final=lambda history: {**final_sampling(history), **info}, ckpt=ckpt)
 
 
 class _EvalRuntime:
@@ -207,19 +200,14 @@ def minibatch_rank(rank: int, world: int, args, shard_dir, device) -> dict:
                         args.dropout).to(device)
     service, engine, eval_rt, info = build_rank(rank, world, shard, args, model.norm, device)
     torch.manual_seed(args.seed * 1000003 + rank)  # dropout masks differ between ranks
+    from gnnpar.dist_train import shard_fingerprint
     return _train_and_log(model, service, engine, eval_rt, args, world, info, rank == 0,
-                          {"f_in": f_in, "f_out": f_out})
+                          {"f_in": f_in, "f_out": f_out}, rank, shard_fingerprint(shard, args))
 
 
 def _load_shard(rank: int, world: int, args, shard_dir):
-    from gnnpar.partitioners.shards import load_shard
-    if shard_dir is not None:
-        return load_shard(shard_dir, rank, world_size=world)
-    from gnnpar.partitioners import partition_graph
-    from gnnpar.partitioners.shard_build import build_shard
-    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed)
-    return build_shard(graph, partition_graph(graph, world, args.partitioner or "block",
-                                              seed=args.seed), rank)
+    from gnnpar.dist_train import load_rank_shard
+    return load_rank_shard(rank, world, args, shard_dir)
 
 
 def final_sampling(history) -> dict:
