@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from gnnpar.datasets import InputError
 
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--log-json", default=None, help="write one JSON object per epoch to PATH")
     o.add_argument("--save-model", default=None, help="save the trained weights to PATH")
+    o.add_argument("--profile", type=int, default=None, metavar="EPOCH",
+                   help="write a torch profiler trace of this epoch (per rank)")
+    o.add_argument("--profile-dir", default=".", help="folder of the --profile traces")
     o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     g = p.add_argument_group("distributed full-batch")
@@ -94,5 +98,11 @@ def check_args(args) -> None:
         raise InputError("--nprocs > 1 needs a distributed --algo (1d, 1d-halo, 1.5d, 2d, 3d, 4d)")
     if args.timeout <= 0:
         raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.profile is not None and not 0 <= args.profile < args.epochs:
+        raise InputError(f"--profile {args.profile} is not an epoch of this run "
+                         f"(0..{args.epochs - 1})")
+    if args.profile is not None and os.path.exists(args.profile_dir) \
+            and not os.path.isdir(args.profile_dir):
+        raise InputError(f"--profile-dir {args.profile_dir} exists and is not a folder")
     from .resume import check_checkpoint_args
     check_checkpoint_args(args)

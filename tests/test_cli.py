@@ -62,6 +62,7 @@ def test_default_dataset_learns():
     (["--hidden", "0"], "--hidden"),
     (["--dropout", "1.5"], "--dropout"),
     (["--resume"], "--checkpoint-dir"),
+    (["--profile", "7", "--epochs", "3"], "--profile"),
     (["--checkpoint-dir", "/tmp/x", "--checkpoint-every", "0"], "--checkpoint-every"),
     (["--algo", "1d"], "--nprocs"),
     (["--device", "cuda"] if not torch.cuda.is_available() else ["--layers", "0"], "cuda" if not torch.cuda.is_available() else "--layers"),
@@ -107,3 +108,12 @@ def test_imports_from_another_folder_and_regular_install(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, env=env)
     assert r.stdout.splitlines()[0] == "ok", r.stderr
     assert str(target) in r.stdout
+
+
+def test_profile_writes_a_trace_of_the_chosen_epoch(tmp_path):
+    assert main(["--dataset", SMALL, "--epochs", "3", "--quiet", "--profile", "1",
+                 "--profile-dir", str(tmp_path)]) == 0
+    trace = json.loads((tmp_path / "profile-epoch1-rank0.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any("mm" in n for n in names)  # the epoch's matrix products were recorded
+    assert main(["--dataset", SMALL, "--epochs", "3", "--quiet", "--profile", "5"]) == 2
