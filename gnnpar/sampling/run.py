@@ -89,8 +89,8 @@ def _train_and_log(model, service, engine, eval_rt, args, world, info, lead, sha
               "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood",
               **info.pop("layout", {})}
     opt = make_optimizer(model, cfg)
-    ckpt = Checkpointing(args, rank, run_meta(args, world, [world], fingerprint), model, opt,
-                         args.quiet or not lead)
+    meta = run_meta(args, world, fields["grid"], fingerprint)
+    ckpt = Checkpointing(args, rank, meta, model, opt, args.quiet or not lead)
     return train_logged(
         lambda on_epoch, start: fit_minibatch(model, service, engine, eval_rt, cfg, on_epoch,
                                               start, opt),
