@@ -52,9 +52,9 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from gnnpar.partitioners.csr_rows import gather_rows
+from gnnpar.partitioners.shard_build import LocalRows
 
 from .comm import Comm
 from .grid import ProcessGrid
@@ -68,6 +68,9 @@ class GroupGrid(ProcessGrid):
     group (``rank`` = world rank − ``offset``), the group's process groups underneath."""
 
     offset: int = 0
+
+    def world_rank(self, member: int) -> int:
+        return member + self.offset
 
 
 def group_view(world: ProcessGrid, shape: Dict[str, int], combos: Sequence[Sequence[str]]
@@ -93,27 +96,6 @@ def group_view(world: ProcessGrid, shape: Dict[str, int], combos: Sequence[Seque
         grid.members[axes] = tuple(m - offset for m in world.ranks_of(inner))
         grid.groups[axes] = world.group(inner)
     return grid
-
-
-class GroupComm(Comm):
-    """:class:`Comm` over a :class:`GroupGrid`: the counting and the collectives are Comm's;
-    only the calls that name a peer by rank translate it to the world rank."""
-
-    def broadcast(self, t: torch.Tensor, root_index: int, axes) -> torch.Tensor:
-        group, ranks = self._g(axes)
-        if len(ranks) == 1:
-            return t
-        if ranks[root_index] == self.grid.rank:
-            self._count(axes, t.numel() * t.element_size() * (len(ranks) - 1), len(ranks) - 1)
-        with self._timed():
-            dist.broadcast(t, src=self.grid.offset + ranks[root_index], group=group)
-        return t
-
-    def send(self, t: torch.Tensor, dst: int, axes) -> None:
-        super().send(t, self.grid.offset + dst, axes)
-
-    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
-        return super().recv(t, self.grid.offset + src)
 
 
 # ---------------------------------------------------------------------------- ownership
@@ -164,7 +146,7 @@ def _balanced(pref: np.ndarray, g: int) -> np.ndarray:
 
 
 @dataclass
-class BlockShard:
+class BlockShard(LocalRows):
     """Rank ``me``'s rows of the square embedding S of one block, in the arrays a partitioner
     shard carries (the builders read these). "Global" ids are the block's local ids.
 
@@ -186,21 +168,6 @@ class BlockShard:
     send_local: np.ndarray
     send_counts: np.ndarray
     meta: dict = field(default_factory=dict)
-
-    @property
-    def n_local(self) -> int:
-        return int(self.global_ids.shape[0])
-
-    @property
-    def n_halo(self) -> int:
-        return int(self.halo_ids.shape[0])
-
-    @property
-    def nnz(self) -> int:
-        return int(self.indices.shape[0])
-
-    def column_ids(self) -> np.ndarray:
-        return np.concatenate([self.global_ids, self.halo_ids])
 
 
 def block_shard(indptr, indices, values, owner: np.ndarray, me: int, g: int, norm: str

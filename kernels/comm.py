@@ -103,7 +103,7 @@ class Comm:
         if ranks[root_index] == self.grid.rank:
             self._count(axes, t.numel() * t.element_size() * (len(ranks) - 1), len(ranks) - 1)
         with self._timed():
-            dist.broadcast(t, src=ranks[root_index], group=group)
+            dist.broadcast(t, src=self.grid.world_rank(ranks[root_index]), group=group)
         return t
 
     def all_reduce(self, t: torch.Tensor, axes, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -178,9 +178,9 @@ class Comm:
     def send(self, t: torch.Tensor, dst: int, axes) -> None:
         self._count(axes, t.numel() * t.element_size(), 1)
         with self._timed():
-            dist.send(t.contiguous(), dst)
+            dist.send(t.contiguous(), self.grid.world_rank(dst))
 
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
         with self._timed():
-            dist.recv(t, src)
+            dist.recv(t, self.grid.world_rank(src))
         return t

@@ -69,6 +69,11 @@ class ProcessGrid:
     def ranks_of(self, axes) -> Tuple[int, ...]:
         return self.members[(axes,) if isinstance(axes, str) else tuple(axes)]
 
+    def world_rank(self, member: int) -> int:
+        """The ``torch.distributed`` rank of grid rank ``member`` (the same here; a
+        data-parallel group's view numbers its ranks from 0 and overrides this)."""
+        return member
+
     def rank_at(self, **coords) -> int:
         """Global rank of the process at these coordinates (missing axes: this rank's)."""
         r = 0

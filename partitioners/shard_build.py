@@ -31,14 +31,35 @@ from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.normalize import KINDS, union_structure, values_for
 
 from .csr_rows import gather_rows, sorted_csr
-from .grid import GridLayout, GridSpec, LocalBlock, extract_block, make_layout
+from .grid import GridLayout, GridSpec, extract_block, make_layout
 from .partition import Partition
 
 NODE_ARRAYS = ("x", "y", "train_mask", "val_mask", "test_mask")
 
 
+class LocalRows:
+    """Sizes shared by every rank-local slice of Â (a :class:`Shard`, a sampled block's
+    shard): owned rows ``global_ids``, halo columns ``halo_ids``, CSR ``indices``."""
+
+    @property
+    def n_local(self) -> int:
+        return int(self.global_ids.shape[0])
+
+    @property
+    def n_halo(self) -> int:
+        return int(self.halo_ids.shape[0])
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    def column_ids(self) -> np.ndarray:
+        """Global id of every local column, (n_local + n_halo,) int64."""
+        return np.concatenate([np.asarray(self.global_ids), np.asarray(self.halo_ids)])
+
+
 @dataclass
-class Shard:
+class Shard(LocalRows):
     """Everything rank ``rank`` of ``world_size`` needs (see module docstring for shapes)."""
 
     rank: int
@@ -65,17 +86,6 @@ class Shard:
     grid_order: Optional[np.ndarray] = None
     meta: dict = field(default_factory=dict)
 
-    @property
-    def n_local(self) -> int:
-        return int(self.global_ids.shape[0])
-
-    @property
-    def n_halo(self) -> int:
-        return int(self.halo_ids.shape[0])
-
-    @property
-    def nnz(self) -> int:
-        return int(self.indices.shape[0])
 
     @staticmethod
     def _offsets(counts) -> np.ndarray:
@@ -92,10 +102,6 @@ class Shard:
     def send_offsets(self) -> np.ndarray:
         """(P+1,) start of each destination's group inside ``send_local``."""
         return self._offsets(self.send_counts)
-
-    def column_ids(self) -> np.ndarray:
-        """Global id of every local column, (n_local + n_halo,) int64."""
-        return np.concatenate([np.asarray(self.global_ids), np.asarray(self.halo_ids)])
 
 
 def check_norms(norms) -> tuple:

@@ -88,7 +88,7 @@ class GroupEngine(DataParallel):
     """Operators on the group's sub-grid, gradients summed over the world.
 
     ``comm``: over the world grid (``data`` × the kernel axes); ``group_comm``: a
-    :class:`~gnnpar.kernels.bipartite.GroupComm` over this rank's group; ``algo_kw``: the
+    :class:`~gnnpar.kernels.comm.Comm` over this rank's group view; ``algo_kw``: the
     builder's options (e.g. ``variant``)."""
 
     def __init__(self, comm, group_comm, algo: str, norm: str, device, **algo_kw):
@@ -124,7 +124,6 @@ class Group:
     @classmethod
     def create(cls, args, world: int) -> "Group":
         """Grids and communicators from the CLI flags (collective: every rank calls it)."""
-        from gnnpar.kernels.bipartite import GroupComm
         from gnnpar.kernels.build import make_group_grid
         from gnnpar.kernels.comm import Comm
         from gnnpar.kernels.grid import parse_grid
@@ -133,7 +132,7 @@ class Group:
                                        args.replication or 1)
         kw = {"variant": args.variant} if args.algo in ("1.5d", "2d") and args.variant else {}
         return cls(args.algo, outer.shape["data"], inner.world_size, outer.coord("data"),
-                   inner.rank, Comm(outer), GroupComm(inner), dict(inner.shape), kw)
+                   inner.rank, Comm(outer), Comm(inner), dict(inner.shape), kw)
 
     @property
     def offset(self) -> int:
