@@ -23,8 +23,8 @@ import numpy as np
 
 from gnnpar.datasets import Graph, InputError
 
-from .metis import check_tolerance, refuse_more_parts_than_vertices, undirected_structure, vertex_weights
-from .partition import Partition, check_parts
+from .metis import checked_input
+from .partition import Partition
 
 _HEADER_BYTES = 24
 _WRITE_CHUNK = 1 << 22
@@ -60,12 +60,9 @@ def kaminpar_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "
                        imbalance: float = 0.03, threads: int = 1) -> Partition:
     """KaMinPar partition of the symmetrised graph (see module docstring)."""
     kaminpar = _import_kaminpar()
-    parts = check_parts(parts)
-    imbalance = check_tolerance(imbalance)
     n = graph.num_nodes
-    refuse_more_parts_than_vertices("kaminpar", parts, n)
-    indptr, indices = undirected_structure(graph)
-    vw = vertex_weights(indptr, balance)
+    parts, imbalance, indptr, indices, vw = checked_input("kaminpar", graph, parts, imbalance,
+                                                          balance)
     if parts == 1:
         owner = np.zeros(n, np.int32)
     else:

@@ -94,17 +94,23 @@ def refuse_more_parts_than_vertices(method: str, parts: int, n: int) -> None:
                          f"parts, or --method block (which allows empty parts)")
 
 
+def checked_input(method: str, graph: Graph, parts: int, imbalance: float, balance: str):
+    """What METIS and KaMinPar both take: checked ``parts`` and tolerance, the symmetric
+    structure and the vertex weights; refuses more parts than vertices."""
+    parts = check_parts(parts)
+    imbalance = check_tolerance(imbalance)
+    refuse_more_parts_than_vertices(method, parts, graph.num_nodes)
+    indptr, indices = undirected_structure(graph)
+    return parts, imbalance, indptr, indices, vertex_weights(indptr, balance)
+
+
 def metis_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "nodes",
                     imbalance: float = 0.03) -> Partition:
     """METIS k-way partition of the symmetrised graph (see module docstring for the promises)."""
     import pymetis
 
-    parts = check_parts(parts)
-    imbalance = check_tolerance(imbalance)
     n = graph.num_nodes
-    refuse_more_parts_than_vertices("metis", parts, n)
-    indptr, indices = undirected_structure(graph)
-    vw = vertex_weights(indptr, balance)
+    parts, imbalance, indptr, indices, vw = checked_input("metis", graph, parts, imbalance, balance)
     if parts == 1:
         owner = np.zeros(n, np.int32)
     else:
