@@ -11,11 +11,28 @@ import torch
 from .comm import Comm
 
 
-class DistOperator:
-    """Base: subclasses set ``num_dst``, ``num_src``, ``comm`` and a ``Function`` with
-    ``apply(h, op)``."""
+class RowsSpMM(torch.autograd.Function):
+    """Z = Â·H through the operator's ``forward_rows``; dH through its ``backward_rows``,
+    skipped when H needs no gradient, its traffic counted in phase ``backward``."""
 
-    Function = None
+    @staticmethod
+    def forward(ctx, h, op):
+        ctx.op = op
+        return op.forward_rows(h)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        with ctx.op.comm.in_phase("backward"):
+            return ctx.op.backward_rows(grad.contiguous()), None
+
+
+class DistOperator:
+    """Base: subclasses set ``num_dst``, ``num_src``, ``comm`` and define
+    ``forward_rows(h)`` (this rank's rows of Â·H) and ``backward_rows(grad)`` (this rank's
+    rows of Âᵀ·G, grad contiguous)."""
+
     comm: Comm
     num_dst: int
     num_src: int
@@ -26,11 +43,7 @@ class DistOperator:
                              f"got {h.shape[0]}")
         phase = "forward" if torch.is_grad_enabled() else "eval"
         with self.comm.in_phase(phase):
-            return self.Function.apply(h, self)
+            return RowsSpMM.apply(h, self)
 
     matmul = __call__
 
-
-def backward_phase(comm: Comm):
-    """Context for a backward pass's collectives."""
-    return comm.in_phase("backward")

@@ -40,46 +40,14 @@ from gnnpar.datasets import InputError
 from .blocks import (compact_plan, coo_to_csr, coords_of, exchange, rank_of, shard_entries,
                      world_axes)
 from .comm import Comm
-from .dist_op import DistOperator, backward_phase
+from .dist_op import DistOperator
 from .local import csr_tensor, transpose_csr
 from .spmm_2d import attach_ownership, ownership
 
 VARIANTS = ("halo", "bcast")
 
 
-class SpMM15D(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, op):
-        ctx.op = op
-        block = op.to_holder(h)
-        if op.variant == "bcast":
-            cols = torch.cat([h.new_empty((0, h.shape[1]))] + [
-                op.comm.broadcast(block if j == op.i else
-                                  h.new_empty((op.block_sizes[j], h.shape[1])), j, "row")
-                for j in op.stages])
-        else:
-            cols = op.plan.gather(op.comm, block, "row")
-        return op.comm.reduce_scatter(torch.sparse.mm(op.A, cols), "replica", op.r_sizes)
-
-    @staticmethod
-    def backward(ctx, grad):
-        op = ctx.op
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        with backward_phase(op.comm):
-            g_rows = torch.cat(op.comm.all_gather(grad.contiguous(), "replica", op.r_sizes))
-            d_cols = torch.sparse.mm(op.AT, g_rows)
-            if op.variant == "bcast":
-                sizes = [op.block_sizes[j] if j in op.stages else 0 for j in range(op.q)]
-                block = op.comm.reduce_scatter(d_cols, "row", sizes)
-            else:
-                block = op.plan.scatter_back(op.comm, d_cols, op.n_block, "row")
-            return op.from_holder(block), None
-
-
 class Op15D(DistOperator):
-    Function = SpMM15D
-
     def __init__(self, comm: Comm, rows, cols, vals, own, variant: str, device=None):
         if variant not in VARIANTS:
             raise InputError(f"unknown 1.5d variant {variant!r}; choose one of "
@@ -123,6 +91,28 @@ class Op15D(DistOperator):
     def from_holder(self, block):
         mine, held = self._holder_counts()
         return self.comm.all_to_all(block.contiguous(), held, mine, "replica")
+
+    def forward_rows(self, h):
+        block = self.to_holder(h)
+        if self.variant == "bcast":
+            cols = torch.cat([h.new_empty((0, h.shape[1]))] + [
+                self.comm.broadcast(block if j == self.i else
+                                    h.new_empty((self.block_sizes[j], h.shape[1])), j, "row")
+                for j in self.stages])
+        else:
+            cols = self.plan.gather(self.comm, block, "row")
+        return self.comm.reduce_scatter(torch.sparse.mm(self.A, cols), "replica", self.r_sizes)
+
+    def backward_rows(self, grad):
+        g_rows = torch.cat(self.comm.all_gather(grad, "replica", self.r_sizes))
+        d_cols = torch.sparse.mm(self.AT, g_rows)
+        if self.variant == "bcast":
+            sizes = [self.block_sizes[j] if j in self.stages else 0 for j in range(self.q)]
+            block = self.comm.reduce_scatter(d_cols, "row", sizes)
+        else:
+            block = self.plan.scatter_back(self.comm, d_cols, self.n_block, "row")
+        return self.from_holder(block)
+
 
 
 def build_15d(shard, comm: Comm, values, device=None, variant: str = "halo",

@@ -17,27 +17,10 @@ import numpy as np
 import torch
 
 from .comm import Comm
-from .dist_op import DistOperator, backward_phase
+from .dist_op import DistOperator
 from .local import csr_tensor, transpose_csr
 
 AXIS = "row"
-
-
-class SpMM1D(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, op):
-        ctx.op = op
-        blocks = op.comm.all_gather(h, AXIS, op.sizes)
-        return torch.sparse.mm(op.A, torch.cat(blocks, dim=0))
-
-    @staticmethod
-    def backward(ctx, grad):
-        op = ctx.op
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        y = torch.sparse.mm(op.AT, grad.contiguous())
-        with backward_phase(op.comm):
-            return op.comm.reduce_scatter(y, AXIS, op.sizes), None
 
 
 class Op1D(DistOperator):
@@ -46,8 +29,6 @@ class Op1D(DistOperator):
     ``indptr, indices, values``: this rank's rows of Â with columns as *positions in partition
     order* (part q's vertices at ``[offsets[q], offsets[q+1])``); ``sizes``: every part's n_q.
     """
-
-    Function = SpMM1D
 
     def __init__(self, comm: Comm, indptr, indices, values, sizes: Sequence[int], device=None):
         self.comm = comm
@@ -59,3 +40,10 @@ class Op1D(DistOperator):
         self.A = csr_tensor(indptr, indices, values, shape, device)
         self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape), (n, self.num_dst),
                              device)
+
+    def forward_rows(self, h):
+        blocks = self.comm.all_gather(h, AXIS, self.sizes)
+        return torch.sparse.mm(self.A, torch.cat(blocks, dim=0))
+
+    def backward_rows(self, grad):
+        return self.comm.reduce_scatter(torch.sparse.mm(self.AT, grad), AXIS, self.sizes)

@@ -14,33 +14,15 @@ from __future__ import annotations
 import torch
 
 from .comm import Comm
-from .dist_op import DistOperator, backward_phase
+from .dist_op import DistOperator
 from .halo import HaloPlan
 from .local import csr_tensor, transpose_csr
 
 AXIS = "row"
 
 
-class SpMM1DHalo(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, op):
-        ctx.op = op
-        return torch.sparse.mm(op.A, op.plan.gather(op.comm, h, AXIS))
-
-    @staticmethod
-    def backward(ctx, grad):
-        op = ctx.op
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        g_ext = torch.sparse.mm(op.AT, grad.contiguous())
-        with backward_phase(op.comm):
-            return op.plan.scatter_back(op.comm, g_ext, op.num_src, AXIS), None
-
-
 class Op1DHalo(DistOperator):
     """Halo-exchange operator over grid axis ``row``; ``plan`` from the rank's shard."""
-
-    Function = SpMM1DHalo
 
     def __init__(self, comm: Comm, indptr, indices, values, n_local: int, plan: HaloPlan,
                  device=None):
@@ -51,3 +33,10 @@ class Op1DHalo(DistOperator):
         self.A = csr_tensor(indptr, indices, values, shape, device)
         self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape), (n_ext, self.num_dst),
                              device)
+
+    def forward_rows(self, h):
+        return torch.sparse.mm(self.A, self.plan.gather(self.comm, h, AXIS))
+
+    def backward_rows(self, grad):
+        g_ext = torch.sparse.mm(self.AT, grad)
+        return self.plan.scatter_back(self.comm, g_ext, self.num_src, AXIS)

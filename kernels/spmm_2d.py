@@ -42,28 +42,10 @@ from gnnpar.datasets import InputError
 from .blocks import (Ownership, compact_plan, coo_to_csr, exchange, rank_of, coords_of,
                      shard_entries, take_owned_rows, world_axes)
 from .comm import Comm
-from .dist_op import DistOperator, backward_phase
+from .dist_op import DistOperator
 from .local import csr_tensor, transpose_csr
 
 VARIANTS = ("halo", "bcast")
-
-
-class SpMMBlock(torch.autograd.Function):
-    """Gather along ``op.in_axis``, local block product, reduce along ``op.out_axis``."""
-
-    @staticmethod
-    def forward(ctx, h, op):
-        ctx.op = op
-        return op.reduce_out(torch.sparse.mm(op.A, op.gather_in(h)))
-
-    @staticmethod
-    def backward(ctx, grad):
-        op = ctx.op
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        with backward_phase(op.comm):
-            y = torch.sparse.mm(op.AT, op.gather_out(grad.contiguous()))
-            return op.reduce_in(y), None
 
 
 class BlockOp(DistOperator):
@@ -72,8 +54,6 @@ class BlockOp(DistOperator):
     ``rows``/``cols``: (member, local) of each non-zero's row in the ``out_axis`` group and
     column in the ``in_axis`` group; ``out_sizes``/``in_sizes``: owned rows of each member.
     """
-
-    Function = SpMMBlock
 
     def __init__(self, comm: Comm, in_axis, out_axis, rows, cols, vals, in_sizes, out_sizes,
                  variant: str, device=None):
@@ -120,6 +100,14 @@ class BlockOp(DistOperator):
         if self.variant == "bcast":
             return self.comm.reduce_scatter(y, self.in_axis, self.in_sizes)
         return self.plan_in.scatter_back(self.comm, y, self.num_src, self.in_axis)
+
+    def forward_rows(self, h):
+        """Gather along ``in_axis``, local block product, reduce along ``out_axis``."""
+        return self.reduce_out(torch.sparse.mm(self.A, self.gather_in(h)))
+
+    def backward_rows(self, grad):
+        return self.reduce_in(torch.sparse.mm(self.AT, self.gather_out(grad)))
+
 
 
 def ownership(shard, comm: Comm, permute: bool, seed: int) -> Ownership:

@@ -46,7 +46,7 @@ from gnnpar.datasets import InputError
 
 from .blocks import coo_to_csr, coords_of, exchange, rank_of, shard_entries, world_axes
 from .comm import Comm
-from .dist_op import DistOperator, backward_phase
+from .dist_op import DistOperator
 from .local import transpose_csr
 from .spmm_2d import attach_ownership, ownership
 
@@ -62,41 +62,8 @@ def _bounds(total: int, parts: int):
     return [(total * z) // parts for z in range(parts + 1)]
 
 
-class SpMM3D(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, op):
-        ctx.op = op
-        hc = torch.cat(op.comm.all_gather(op.split_features(h), op.X, op.xy_sizes_x))
-        y = torch.sparse.mm(op.gather_piece(op.piece, op.R, op.C), hc)
-        return op.join_features(op.comm.reduce_scatter(y, op.Y, op.xy_sizes_y), h.shape[1])
-
-    @staticmethod
-    def backward(ctx, grad):
-        op = ctx.op
-        if not ctx.needs_input_grad[0]:
-            return None, None
-        with backward_phase(op.comm):
-            f = grad.shape[1]
-            g_rows = torch.cat(op.comm.all_gather(op.split_features(grad.contiguous()), op.Y,
-                                                  op.xy_sizes_y))
-            pieces = op.comm.all_gather(op.piece_t[0], op.Z, op.t_indptr_sizes)
-            idx = op.comm.all_gather(op.piece_t[1], op.Z, op.nnz_sizes)
-            val = op.comm.all_gather(op.piece_t[2], op.Z, op.nnz_sizes)
-            d = None
-            for z in range(op.pz):
-                rows = (op.C, op.row_bounds[z + 1] - op.row_bounds[z])
-                t = torch.sparse_csr_tensor(pieces[z], idx[z], val[z], size=rows,
-                                            check_invariants=False)
-                part = torch.sparse.mm(t, g_rows[op.row_bounds[z]:op.row_bounds[z + 1]])
-                d = part if d is None else d + part
-            d = op.comm.reduce_scatter(d, op.X, op.xy_sizes_x)
-            return op.join_features(d, f), None
-
-
 class Op3D(DistOperator):
     """One orientation of the 3D operator (see the module docstring)."""
-
-    Function = SpMM3D
 
     def __init__(self, comm: Comm, roles, own, rows, cols, vals, device=None):
         grid = comm.grid
@@ -166,6 +133,30 @@ class Op3D(DistOperator):
                                    [self.num_src * w for w in widths], self.Z)
         chunks = torch.split(got, [self.num_src * w for w in widths])
         return torch.cat([c.reshape(self.num_src, w) for c, w in zip(chunks, widths)], dim=1)
+
+    def forward_rows(self, h):
+        hc = torch.cat(self.comm.all_gather(self.split_features(h), self.X, self.xy_sizes_x))
+        y = torch.sparse.mm(self.gather_piece(self.piece, self.R, self.C), hc)
+        return self.join_features(self.comm.reduce_scatter(y, self.Y, self.xy_sizes_y),
+                                  h.shape[1])
+
+    def backward_rows(self, grad):
+        f = grad.shape[1]
+        g_rows = torch.cat(self.comm.all_gather(self.split_features(grad), self.Y,
+                                                self.xy_sizes_y))
+        pieces = self.comm.all_gather(self.piece_t[0], self.Z, self.t_indptr_sizes)
+        idx = self.comm.all_gather(self.piece_t[1], self.Z, self.nnz_sizes)
+        val = self.comm.all_gather(self.piece_t[2], self.Z, self.nnz_sizes)
+        d = None
+        for z in range(self.pz):
+            rows = (self.C, self.row_bounds[z + 1] - self.row_bounds[z])
+            t = torch.sparse_csr_tensor(pieces[z], idx[z], val[z], size=rows,
+                                        check_invariants=False)
+            part = torch.sparse.mm(t, g_rows[self.row_bounds[z]:self.row_bounds[z + 1]])
+            d = part if d is None else d + part
+        d = self.comm.reduce_scatter(d, self.X, self.xy_sizes_x)
+        return self.join_features(d, f)
+
 
 
 def build_3d_ops(shard, comm: Comm, values, device=None, layers: int = 0, rotate: bool = True,

@@ -14,7 +14,7 @@ from gnnpar.bootstrap import (WorldInfo, detect_world, expand_hostlist, first_ho
                               init_distributed, resolve_backend, shutdown, slurm_port)
 from gnnpar.datasets import InputError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 PROBE = os.path.join(ROOT, "tests", "rank_probe.py")
 
 

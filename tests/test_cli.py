@@ -11,16 +11,11 @@ import torch
 
 from gnnpar.train import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT, run_train as run_cli
 SMALL = "sbm:n=300,blocks=3,p_in=0.05,p_out=0.005,feat=8,seed=1"
 EPOCH_KEYS = {"epoch", "loss", "train_acc", "val_acc", "test_acc", "epoch_s", "compute_s",
               "comm_s", "comm_bytes", "comm_bytes_max_rank", "peak_mem_bytes", "algo",
               "world_size", "grid"}
-
-
-def run_cli(*argv, cwd=None):
-    return subprocess.run([sys.executable, "-m", "gnnpar.train", *argv], capture_output=True,
-                          text=True, cwd=cwd or ROOT, timeout=300)
 
 
 def read_log(path):

@@ -9,9 +9,6 @@ minibatch gradients and, with full neighbourhoods, against the serial full-graph
 the step's seeds.
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,7 +26,7 @@ from gnnpar.spawn import spawn
 
 from .graphs import random_graph
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import run_train as run_cli
 GRAPH = dict(n=120, avg_deg=4, f=6, classes=3, seed=9)
 
 
@@ -226,12 +223,6 @@ def test_grouped_step_two_groups_four_ranks_uneven_seeds():
 
 
 # ---------------------------------------------------------------- CLI
-def run_cli(*argv, timeout=240):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "gnnpar.train", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_cli_grouped_1d_halo_learns_and_logs_sampling_fields(tmp_path):
     log = tmp_path / "log.jsonl"
     p = run_cli("--mode", "minibatch", "--algo", "1d-halo", "--group-size", "2", "--nprocs", "4",

@@ -5,9 +5,6 @@ Rank bodies are module-level so spawned children can import them; each returns w
 and the parent compares it with a serial computation on the same graph.
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -27,7 +24,7 @@ from gnnpar.trainer import TrainConfig, fit
 
 from .graphs import random_graph
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import run_train as run_cli
 
 
 def cli_args(*argv):
@@ -223,12 +220,6 @@ def test_feature_bytes_counted_exactly_and_fewer_with_macrobatches():
 
 
 # ---------------------------------------------------------------- CLI
-def run_cli(*argv, timeout=180):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "gnnpar.train", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_cli_minibatch_two_ranks_writes_sampling_fields(tmp_path):
     log = tmp_path / "log.jsonl"
     p = run_cli("--mode", "minibatch", "--nprocs", "2", "--fanouts", "5,5", "--batch-size", "200",

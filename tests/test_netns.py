@@ -17,7 +17,7 @@ import pytest
 
 from gnnpar.bootstrap import free_port
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 PROBE = os.path.join(ROOT, "tests", "rank_probe.py")
 ADDRS = ("10.250.0.1", "10.250.0.2")
 

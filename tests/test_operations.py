@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 DATA = "rmat:scale=12,ef=8,feat=16,classes=4"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
@@ -79,7 +79,7 @@ def test_kill_and_resume_is_bitwise_exact(tmp_path, mode):
     left = kill_job_after(train_cmd(*mode, "--epochs", str(epochs), "--checkpoint-dir", str(ck)),
                           str(ck), ranks, epoch=2)
     assert 2 <= left < epochs - 1  # killed mid-run, with epochs left to resume
-    r = run(*mode, "--epochs", str(epochs), "--checkpoint-dir", str(ck), "--resume",
+    run(*mode, "--epochs", str(epochs), "--checkpoint-dir", str(ck), "--resume",
             "--save-model", str(resumed))
     assert_bitwise_equal(weights(straight), weights(resumed))
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 TEMPLATES = sorted(glob.glob(os.path.join(ROOT, "scripts", "slurm", "*.sbatch")))
 RUN_LOCAL = os.path.join(ROOT, "scripts", "run_local.sh")
 

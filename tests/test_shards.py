@@ -17,7 +17,7 @@ from gnnpar.partitioners.shards import part_dir
 
 from .graphs import random_graph
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 SHARD_ARRAYS = ("global_ids", "indptr", "indices", "raw_weight", "orig_edge", "halo_ids",
                 "recv_counts", "send_counts", "send_local", "x", "y", "train_mask", "val_mask",
                 "test_mask")

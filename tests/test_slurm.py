@@ -17,7 +17,7 @@ from gnnpar.bootstrap import slurm_port
 
 from .slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 TEMPLATES = os.path.join(ROOT, "scripts", "slurm")
 SMALL = ["--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1",
          "--time=00:10:00"]

@@ -13,7 +13,7 @@ from gnnpar.bootstrap import free_port
 from gnnpar.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog,
                              on_sigterm)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cli_util import ROOT
 WORKER = os.path.join(ROOT, "tests", "watchdog_worker.py")
 TIMEOUT = 4.0
 
