@@ -53,16 +53,27 @@ def algo_kwargs(args) -> dict:
     return {}
 
 
-def resolve_auto(args, world: int) -> None:
-    """``--algo auto``: take the cost model's best algorithm, grid and variant that fits."""
+def _has_shards(args) -> bool:
+    return bool(args.partition_dir) and os.path.exists(os.path.join(args.partition_dir,
+                                                                    "meta.json"))
+
+
+def _load(args):
+    return load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
+                        cache_dir=args.cache_dir)
+
+
+def resolve_auto(args, world: int):
+    """``--algo auto``: take the cost model's best algorithm, grid and variant that fits.
+    Returns the graph when it had to load it (so the caller need not load it again)."""
     from .plan_cli import plan
     from gnnpar.partitioners.shards import read_meta
-    if args.partition_dir and os.path.exists(os.path.join(args.partition_dir, "meta.json")):
+    g = None
+    if _has_shards(args):
         meta = read_meta(args.partition_dir)
         n, m, f_in, classes = meta["n"], meta["nnz"], meta["num_features"], meta["num_classes"]
     else:
-        g = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
-                         cache_dir=args.cache_dir)
+        g = _load(args)
         n, m, f_in, classes = g.num_nodes, g.num_edges + g.num_nodes, g.num_features, g.num_classes
     rows = plan(n, m, f_in, args.hidden, classes, args.layers, world, args.model, args)
     best = rows[0]
@@ -78,27 +89,29 @@ def resolve_auto(args, world: int) -> None:
     if not args.quiet:
         print(f"--algo auto chose {args.algo} grid {best['grid']} ({best['variant']}): modelled "
               f"{best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank", file=sys.stderr)
+    return g
 
 
-def prepare_shards(args, world: int) -> str:
-    """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them."""
+def prepare_shards(args, world: int, graph=None):
+    """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them; returns
+    the folder and whether it is a temporary one made here (the caller removes it)."""
     from gnnpar.partitioners import partition_graph, write_shards
     from gnnpar.partitioners.shards import read_meta
     out = args.partition_dir
-    if out and os.path.exists(os.path.join(out, "meta.json")):
+    if _has_shards(args):
         meta = read_meta(out)
         if int(meta["parts"]) != world:
             raise InputError(f"the shards in {out} are for {meta['parts']} ranks but --nprocs is "
                              f"{world}; rerun gnnpar-partition with --parts {world}")
-        return out
+        return out, False
+    temporary = not out
     out = out or tempfile.mkdtemp(prefix="gnnpar-shards-")
-    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
-                         cache_dir=args.cache_dir)
+    graph = graph if graph is not None else _load(args)
     if not args.quiet:
         print(graph.summary(), file=sys.stderr)
     part = partition_graph(graph, world, args.partitioner or DEFAULT_PARTITIONER, seed=args.seed)
     write_shards(graph, part, out, norms=("gcn", "mean"))
-    return out
+    return out, temporary
 
 
 def rank_body(rank: int, world: int, args, shard_dir, watchdog=None) -> dict:
@@ -165,23 +178,20 @@ def run_distributed(args) -> dict:
     launcher that started this process (torchrun, srun, mpirun; see ``gnnpar.bootstrap``)."""
     from .bootstrap import detect_world, resolve_backend
     info = detect_world(args.nprocs)
-    if args.algo == "auto":
-        resolve_auto(args, info.world_size)
+    graph = resolve_auto(args, info.world_size) if args.algo == "auto" else None
     backend = args.backend
     if backend == "auto" and torch.device(args.device_resolved).type == "cpu":
         backend = "gloo"  # a GPU host asked to train on CPU: NCCL cannot carry CPU tensors
     if info.source == "local":
-        return _spawn_local(args, resolve_backend(backend, info)[0])
+        return _spawn_local(args, resolve_backend(backend, info)[0], graph)
     return _join_launched(args, info, backend)
 
 
-def _spawn_local(args, backend: str) -> dict:
+def _spawn_local(args, backend: str, graph=None) -> dict:
     from .spawn import SpawnError, spawn
     if args.mode != "minibatch":
         make_run_grid(args, args.nprocs)  # fail before spawning
-    made_here = not (args.partition_dir and os.path.exists(
-        os.path.join(args.partition_dir, "meta.json")))
-    shard_dir = prepare_shards(args, args.nprocs)
+    shard_dir, temporary = prepare_shards(args, args.nprocs, graph)
     try:
         return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,
                      timeout_s=args.timeout)[0]
@@ -194,7 +204,7 @@ def _spawn_local(args, backend: str) -> dict:
             raise SystemExit(EXIT_PREEMPTED)
         raise RuntimeError(first) from None
     finally:
-        if made_here and not args.partition_dir:
+        if temporary:
             shutil.rmtree(shard_dir, ignore_errors=True)
 
 

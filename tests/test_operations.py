@@ -75,6 +75,7 @@ def test_kill_and_resume_is_bitwise_exact(tmp_path, mode):
     straight, resumed = tmp_path / "straight.pt", tmp_path / "resumed.pt"
     ck = tmp_path / "ck"
     ranks = int(mode[mode.index("--nprocs") + 1])
+    mode = [*mode, "--partition-dir", str(tmp_path / "shards")]  # a killed job cannot clean up
     run(*mode, "--epochs", str(epochs), "--save-model", str(straight))
     left = kill_job_after(train_cmd(*mode, "--epochs", str(epochs), "--checkpoint-dir", str(ck)),
                           str(ck), ranks, epoch=2)
