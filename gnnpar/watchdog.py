@@ -352,7 +352,13 @@ class SigtermHook:
 
     def check(self, group=None) -> None:
         """At a safe point: if any rank was signalled, run the callback here on every rank,
-        then raise SystemExit(exit_code)."""
+        then raise SystemExit(exit_code).
+
+        Let that exit pass through a ``finally`` that stops the :class:`Watchdog` and calls
+        ``torch.distributed.destroy_process_group()`` (as gnnpar's ranks do): a process that
+        exits with its heartbeat thread and gloo group still live can abort in C++ teardown
+        ("terminate called without an active exception", status -6) instead of exiting 143.
+        """
         if self.any_requested(group):
             self.callback()
             raise SystemExit(self.exit_code)

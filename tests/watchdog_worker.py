@@ -37,27 +37,29 @@ def main() -> int:
         hook = on_sigterm(write_checkpoint)
     wd = Watchdog(rank, world, timeout=timeout, interval=0.25,
                   stall_timeout=timeout if mode == "hang1" else None).start()
-    with wd.guard():
-        while mode != "finish" or epoch < 5:
-            for phase in ("forward", "backward"):
-                wd.set_phase(f"epoch {epoch}/{phase}")
-                if mode == "hang1" and rank == 1 and epoch == 2:
-                    while True:  # alive (the heartbeat thread runs) but stuck
-                        time.sleep(0.1)
-                t = torch.full((64,), float(rank))
-                with wd.collective():
-                    dist.all_reduce(t)
-                assert float(t[0]) == world * (world - 1) / 2
-                time.sleep(0.02)
-            if epoch == 1:
-                open(os.path.join(out, f"ready-{rank}"), "w").close()
-            if hook is not None:
-                hook.check()
-            epoch += 1
-    if mode == "finish" and rank == 0:
-        time.sleep(timeout + 1.5)  # peers are done and gone: no false alarm
-    wd.stop()
-    dist.destroy_process_group()
+    try:
+        with wd.guard():
+            while mode != "finish" or epoch < 5:
+                for phase in ("forward", "backward"):
+                    wd.set_phase(f"epoch {epoch}/{phase}")
+                    if mode == "hang1" and rank == 1 and epoch == 2:
+                        while True:  # alive (the heartbeat thread runs) but stuck
+                            time.sleep(0.1)
+                    t = torch.full((64,), float(rank))
+                    with wd.collective():
+                        dist.all_reduce(t)
+                    assert float(t[0]) == world * (world - 1) / 2
+                    time.sleep(0.02)
+                if epoch == 1:
+                    open(os.path.join(out, f"ready-{rank}"), "w").close()
+                if hook is not None:
+                    hook.check()  # SystemExit(143) on every rank once one was signalled
+                epoch += 1
+        if mode == "finish" and rank == 0:
+            time.sleep(timeout + 1.5)  # peers are done and gone: no false alarm
+    finally:  # as gnnpar's ranks do: stop beating and leave the group on every way out
+        wd.stop()
+        dist.destroy_process_group()
     print(f"rank {rank} finished after {epoch} epochs", file=sys.stderr)
     return 0
 
