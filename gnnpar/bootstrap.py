@@ -375,6 +375,7 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
     """
     import torch
     import torch.distributed as dist
+    from gnnpar.kernels.comm import init_process_group
     if info.source == "local":
         raise ValueError("a local (--nprocs) world is joined by its spawned children, "
                          "not by the parent")
@@ -385,10 +386,10 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
         device = torch.device("cuda", gpu)
     td = datetime.timedelta(seconds=timeout)
     if info.world_size == 1 and info.master_port is None:
-        dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1, timeout=td)
+        init_process_group(name, store=dist.HashStore(), rank=0, world_size=1, timeout=td)
     else:
-        dist.init_process_group(name, init_method=info.init_method, rank=info.rank,
-                                world_size=info.world_size, timeout=td)
+        init_process_group(name, init_method=info.init_method, rank=info.rank,
+                           world_size=info.world_size, timeout=td)
     return DistContext(name, device)
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gnnpar.datasets import InputError
+from gnnpar.kernels.comm import control_all_reduce
 
 MAGIC = b"GNNPARCKPT 1\n"
 NAME = re.compile(r"^ckpt-(\d{9,})\.pt$")
@@ -268,23 +269,22 @@ def agree_on_step(steps: List[int], group=None) -> Optional[int]:
     bound = None
     while True:
         mine = max((s for s in have if bound is None or s <= bound), default=-1)
-        t = torch.tensor([mine], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-        low = int(t[0])
+        low = int(control_all_reduce(torch.tensor([mine], dtype=torch.int64), "min", group)[0])
         if low < 0:
             return None
-        t = torch.tensor([1 if low in have else 0], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-        if int(t[0]) == 1:
+        everyone = control_all_reduce(torch.tensor([1 if low in have else 0], dtype=torch.int64),
+                                      "min", group)
+        if int(everyone[0]) == 1:
             return low
         bound = low - 1
 
 
 # ---------------------------------------------------------------- random states
 def capture_rng(generators: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Every random state as weights_only-safe values: torch CPU, each CUDA device (when
-    CUDA is available), numpy's global generator, Python's ``random``, and any named
-    ``torch.Generator`` or ``numpy.random.Generator`` passed in ``generators`` (samplers)."""
+    """Every random state as weights_only-safe values: torch CPU, the current CUDA device's
+    (when this process uses CUDA), numpy's global generator, Python's ``random``, and any
+    named ``torch.Generator`` or ``numpy.random.Generator`` passed in ``generators``
+    (samplers)."""
     np_state = np.random.get_state()
     py_version, py_internal, py_gauss = random.getstate()
     out: Dict[str, Any] = {
@@ -295,8 +295,9 @@ def capture_rng(generators: Optional[Mapping[str, Any]] = None) -> Dict[str, Any
         "python": {"version": int(py_version),
                    "internal": torch.tensor(py_internal, dtype=torch.int64), "gauss": py_gauss},
     }
-    if torch.cuda.is_available():
-        out["cuda"] = list(torch.cuda.get_rng_state_all())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # this rank's device only: touching every GPU would open a context on each of them
+        out["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     out["generators"] = {name: _gen_state(g) for name, g in (generators or {}).items()}
     return out
 
@@ -310,11 +311,10 @@ def restore_rng(state: Mapping[str, Any], generators: Optional[Mapping[str, Any]
     p = state["python"]
     random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if len(cuda) != torch.cuda.device_count():
-            raise InputError(f"the checkpoint holds {len(cuda)} CUDA RNG states, this host "
-                             f"has {torch.cuda.device_count()} devices")
-        torch.cuda.set_rng_state_all(cuda)
+        if isinstance(state["cuda"], list):  # written before 2026-11-30: one per device
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
     saved = state.get("generators", {})
     for name, g in (generators or {}).items():
         if name not in saved:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from gnnpar.kernels.build import build_operator
 from gnnpar.kernels.comm import Comm
@@ -45,16 +44,11 @@ class DistRuntime:
 
     # -- metrics reductions: small, not part of the algorithm's traffic, not counted
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.grid.world_size > 1:
-            t = t.clone()
-            dist.all_reduce(t)
-        return t
+        return self.comm.reduce_control(t, self.world_axes)
 
     def all_reduce_max(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.float64)
-        if self.grid.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t[0])
+        return int(self.comm.reduce_control(t, self.world_axes, "max")[0])
 
     def sync_grads(self, params) -> None:
         """Sum gradients over all ranks: one flat all-reduce (phase ``grad_sync``)."""
@@ -77,7 +71,6 @@ class DistRuntime:
         if self.grid.world_size == 1:
             return mine, mine, seconds
         t = torch.tensor([mine, mine, seconds], dtype=torch.float64)
-        tmax = t.clone()
-        dist.all_reduce(t)
-        dist.all_reduce(tmax, op=dist.ReduceOp.MAX)
-        return int(t[0]), int(tmax[1]), float(tmax[2])
+        tsum = self.comm.reduce_control(t, self.world_axes)
+        tmax = self.comm.reduce_control(t, self.world_axes, "max")
+        return int(tsum[0]), int(tmax[1]), float(tmax[2])

@@ -24,7 +24,8 @@ def final_metrics(history: List[dict]) -> dict:
 
 def save_weights(path: str, model, args, shapes: Dict[str, int]) -> None:
     """Weights plus what rebuilding the model needs (``torch.load(weights_only=True)`` safe)."""
-    torch.save({"state_dict": model.state_dict(), "model": args.model, "layers": args.layers,
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
+    torch.save({"state_dict": weights, "model": args.model, "layers": args.layers,
                 "hidden": args.hidden, **shapes}, path)
 
 

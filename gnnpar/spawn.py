@@ -30,14 +30,15 @@ class SpawnError(RuntimeError):
 def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results):
     import torch
     import torch.distributed as dist
+    from gnnpar.kernels.comm import init_process_group
     from .watchdog import die_with_parent
     die_with_parent()  # a rank never outlives the process that spawned it
     _name_process(f"gnnpar-rank-{rank}")
     try:
         if threads:
             torch.set_num_threads(threads)
-        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
+                           world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             out = fn(rank, world, *args)
         finally:

@@ -346,9 +346,9 @@ class SigtermHook:
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             return self.requested
+        from gnnpar.kernels.comm import control_all_reduce
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        return bool(flag[0])
+        return bool(control_all_reduce(flag, "max", group)[0])
 
     def check(self, group=None) -> None:
         """At a safe point: if any rank was signalled, run the callback here on every rank,

@@ -75,11 +75,7 @@ class DataParallel:
     def all_reduce(self, t: torch.Tensor, op="sum") -> torch.Tensor:
         if self.world == 1:
             return t
-        import torch.distributed as dist
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX,
-                        group=self.comm.grid.group(self.axes))
-        return t
+        return self.comm.reduce_control(t, self.axes, op)
 
     def comm_stats(self):
         """(bytes this rank sent, seconds) of the trainer's collectives since the last call."""
@@ -94,7 +90,7 @@ def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
     """One epoch of steps; returns this rank's summed loss (float64)."""
     model.train()
     plan = service.plan
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for batch in service.epoch(epoch, stats):
         opt.zero_grad(set_to_none=True)
         out = model(engine.operators(batch), batch.x)
@@ -122,6 +118,7 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
             t0 = time.perf_counter()
             stats = SamplingStats()
             loss_sum = train_epoch(model, opt, service, epoch, engine, stats)
+            sync_device(next(model.parameters()).device)  # queued GPU work is training time
             train_s = time.perf_counter() - t0
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
                 accs = evaluate(model, eval_rt)

@@ -112,14 +112,9 @@ class _EvalRuntime:
         self.y = as_tensor(shard.y, np.int64).to(device)
         self.masks = {s: as_tensor(getattr(shard, f"{s}_mask"), np.bool_).to(device)
                       for s in ("train", "val", "test")}
-        self.group = grid.group("row")
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-        t = t.clone()
-        if self.comm.grid.world_size > 1:
-            dist.all_reduce(t, group=self.group)
-        return t
+        return self.comm.reduce_control(t, "row")
 
 
 def build_rank(rank: int, world: int, shard, args, norm: str, device):
