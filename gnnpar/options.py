@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 from gnnpar.datasets import InputError
 
 ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d", "auto")
+
+#: flags that only some ``--algo`` values read (in either ``--mode``) -> those values. Any other
+#: algorithm would ignore the flag, so giving it there is refused; ``auto`` sets the grid,
+#: replication and variant itself and is the only reader of the cost-model flags.
+ALGO_ONLY = {
+    "grid": ("2d", "3d", "4d"),
+    "replication": ("1.5d",),
+    "variant": ("1.5d", "2d"),
+    "mem_cap": ("auto",),
+    "bandwidth": ("auto",),
+    "latency": ("auto",),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@functools.lru_cache(maxsize=None)
+def parser_defaults() -> dict:
+    """What ``gnnpar-train`` sets each option to when its flag is not on the command line."""
+    return vars(build_parser().parse_args([]))
+
+
+def check_algo_flags(args) -> None:
+    """Refuse a flag of :data:`ALGO_ONLY` that ``--algo`` would ignore."""
+    for name, readers in ALGO_ONLY.items():
+        if args.algo in readers or getattr(args, name) == parser_defaults()[name]:
+            continue
+        why = "chooses it itself" if args.algo == "auto" else "ignores it"
+        raise InputError(f"--{name.replace('_', '-')} is read only by --algo "
+                         f"{', '.join(readers)}; --algo {args.algo} {why}")
+
+
 def check_args(args) -> None:
-    """Refuse values that cannot work, with the flag's name in the message."""
+    """Refuse values that cannot work, and flags the run would ignore, with the flag's name in
+    the message."""
     for name, value in (("layers", args.layers), ("hidden", args.hidden)):
         if value < 1:
             raise InputError(f"--{name} must be >= 1, got {value}")
@@ -92,6 +122,7 @@ def check_args(args) -> None:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     if args.nprocs is not None and args.nprocs < 1:
         raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
+    check_algo_flags(args)
     from .sampling.options import check_mode_args
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":

@@ -6,8 +6,10 @@ import argparse
 from gnnpar.datasets import InputError
 
 MODES = ("fullbatch", "minibatch")
-#: flags that mean nothing in full-batch mode -> the value that means "not given"
-MINIBATCH_ONLY = {"fanouts": None, "batch_size": None, "macrobatch": None, "group_size": None}
+#: every flag of :func:`add_minibatch_args` but ``--mode``: only ``--mode minibatch`` reads them
+#: (``MINIBATCH_ONLY``, filled in below, maps each to its parser default, "not given")
+MINIBATCH_FLAGS = ("fanouts", "batch_size", "macrobatch", "group_size", "sampler_workers",
+                   "prefetch", "cache_frac", "cache_policy", "replace", "replicate_graph")
 
 
 def add_minibatch_args(p: argparse.ArgumentParser) -> None:
@@ -45,12 +47,28 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                         "groups train data parallel (default: no groups, plain data parallel)")
 
 
+def _minibatch_defaults() -> dict:
+    p = argparse.ArgumentParser(add_help=False)
+    add_minibatch_args(p)
+    return {name: p.get_default(name) for name in MINIBATCH_FLAGS}
+
+
+MINIBATCH_ONLY = _minibatch_defaults()
+
+
+def _flag(name: str, value) -> str:
+    """The flag as the command line wrote it (``--no-X`` for a switched-off boolean)."""
+    return ("--no-" if value is False else "--") + name.replace("_", "-")
+
+
 def check_mode_args(args) -> None:
     """Refuse mini-batch flags outside ``--mode minibatch`` and impossible mini-batch settings."""
     if args.mode != "minibatch":
         for name, unused in MINIBATCH_ONLY.items():
-            if getattr(args, name) != unused:
-                raise InputError(f"--{name.replace('_', '-')} needs --mode minibatch")
+            value = getattr(args, name)
+            if value != unused:
+                raise InputError(f"{_flag(name, value)} needs --mode minibatch (full-batch "
+                                 f"training ignores it)")
         return
     from .neighbor import parse_fanouts
     if args.fanouts is None or args.batch_size is None:
@@ -61,7 +79,8 @@ def check_mode_args(args) -> None:
         raise InputError(f"--fanouts gives {len(fanouts)} layer(s) but --layers is {args.layers}")
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
-    for flag, value in (("--macrobatch", args.macrobatch or 1),
+    macrobatch = 1 if args.macrobatch is None else args.macrobatch
+    for flag, value in (("--macrobatch", macrobatch),
                         ("--sampler-workers", args.sampler_workers), ("--prefetch", args.prefetch)):
         if value < 1:
             raise InputError(f"{flag} must be >= 1, got {value}")
