@@ -65,11 +65,11 @@ def test_multi_rank_gloo_on_cuda_tensors(world):
     check(spawn(_gloo_cuda_body, world, backend="gloo", timeout_s=300))
 
 
-@pytest.mark.parametrize("world,backend", [(1, "nccl"), (4, "cuda:gloo"), (4, "gloo")])
+@pytest.mark.parametrize("world,backend", [(1, "nccl"), (4, "cuda:gloo")])
 def test_every_mode_on_cuda(world, backend, tmp_path):
     """Full batch (every algorithm), mini batch (data parallel, grouped, 4d), checkpoints and
     --resume on CUDA tensors: NCCL at world 1 (the group is cpu:gloo,cuda:nccl), and at 4 ranks
-    on one GPU a CUDA-only group (routed like NCCL's) and plain gloo."""
+    on one GPU a CUDA-only group given a host route, as NCCL's is (CUDA tensors on gloo)."""
     finals = spawn(every_mode_body, world, args=(str(tmp_path), "cuda"), backend=backend,
                    timeout_s=600)[0]
     check_finals(finals, world)
