@@ -20,6 +20,8 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from .required import missing as missing_part
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo")
 
 
@@ -225,11 +227,11 @@ def slurm_cluster(tmp_path_factory):
     """A running one-node cluster for the module's tests; stopped (and checked) afterwards."""
     missing = missing_tools()
     if missing:
-        pytest.skip(f"SLURM is not installed (missing {', '.join(missing)}): "
+        missing_part(f"SLURM is not installed (missing {', '.join(missing)}): "
                     "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client "
                     "munge")
     if os.geteuid() != 0:
-        pytest.skip("the local SLURM fixture runs its daemons as root (SlurmUser=root)")
+        missing_part("the local SLURM fixture runs its daemons as root (SlurmUser=root)")
     root = str(tmp_path_factory.mktemp("slurm"))
     cluster = SlurmCluster(root)
     try:

@@ -15,6 +15,7 @@ from gnnpar.bootstrap import (WorldInfo, detect_world, expand_hostlist, first_ho
 from gnnpar.datasets import InputError
 
 from .cli_util import ROOT
+from .required import missing as missing_part
 PROBE = os.path.join(ROOT, "tests", "rank_probe.py")
 
 
@@ -247,10 +248,10 @@ def mpirun_or_skip():
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        pytest.skip("mpi4py is not installed (pip install mpi4py mpich)")
+        missing_part("mpi4py is not installed (pip install mpi4py mpich)")
     exe = shutil.which("mpirun") or shutil.which("mpiexec")
     if exe is None:
-        pytest.skip("no mpirun on PATH (pip install mpich)")
+        missing_part("no mpirun on PATH (pip install mpich)")
     return exe
 
 

@@ -53,13 +53,17 @@ def test_halo_never_exceeds_dense_exactly():
 
 
 def test_3d_exact_grows_with_depth_axis_a_traffic():
-    """The A pieces gathered over the third role are part of the count: a grid whose depth
-    role is 1 at every layer moves no A bytes, so (4,1,1) without rotation differs from
-    (1,1,4) — and both are positive."""
+    """The A pieces gathered over the third (depth) role are part of the count. With feature
+    widths 0 nothing but A moves: a grid whose depth role is 1 moves no bytes at all, and
+    every rank's A bytes grow with the depth (1 < 2 < 4); real widths add to that floor."""
     s = even_structure(48, 4)
-    flat = epoch_traffic(s, "3d", "gcn", WIDTHS, (4, 1, 1))["bytes"]
-    deep = epoch_traffic(s, "3d", "gcn", WIDTHS, (1, 1, 4))["bytes"]
-    assert flat.sum() > 0 and deep.sum() > 0 and flat.tolist() != deep.tolist()
+    zero = [0, 0, 0, 0]
+    a_only = {dims: epoch_traffic(s, "3d", "gcn", zero, dims, rotate=False)["bytes"]
+              for dims in ((4, 1, 1), (1, 4, 1), (2, 1, 2), (1, 1, 4))}
+    assert a_only[(4, 1, 1)].tolist() == [0] * 4 and a_only[(1, 4, 1)].tolist() == [0] * 4
+    assert (a_only[(2, 1, 2)] > 0).all() and (a_only[(1, 1, 4)] > a_only[(2, 1, 2)]).all()
+    full = epoch_traffic(s, "3d", "gcn", WIDTHS, (1, 1, 4), rotate=False)["bytes"]
+    assert (full > a_only[(1, 1, 4)]).all()
 
 
 @pytest.mark.parametrize("world", [64, 256, 1024])

@@ -46,37 +46,61 @@ WORLDS = {
                 ("4d-2x2x2", "4d", (2, 2, 2), 1, {"layers": 3})]),
 }
 
+# METIS-partitioned shards (uneven, clustered blocks: the partitioner users run by default),
+# 1.5D with c = 4, and non-cubic 3D grids
+METIS_WORLDS = {
+    4: (False, [("1d-halo", "1d-halo", None, 1, {}), ("2d-2x2-halo", "2d", (2, 2), 1, H),
+                ("1.5d-c4-bcast", "1.5d", None, 4, B), ("1.5d-c4-halo", "1.5d", None, 4, H),
+                ("3d-1x4x1", "3d", (1, 4, 1), 1, {"layers": 3})]),
+    6: (True, [("1d", "1d", None, 1, {}), ("3d-3x2x1", "3d", (3, 2, 1), 1, {"layers": 3}),
+               ("3d-2x1x3", "3d", (2, 1, 3), 1, {"layers": 3}),
+               ("4d-1x3x1x2", "4d", (1, 3, 1, 2), 1, {"layers": 3})]),
+}
+SETUPS = {**{(w, "random"): v for w, v in WORLDS.items()},
+          **{(w, "metis"): v for w, v in METIS_WORLDS.items()}}
 _RESULTS = {}
 
 
-def results(world):
-    if world not in _RESULTS:
-        directed, cases = WORLDS[world]
-        _RESULTS[world] = spawn(equivalence_many, world,
-                                args=(cases, N, directed, "random", KINDS), timeout_s=240)
-    return _RESULTS[world]
+def results(world, method="random"):
+    if (world, method) not in _RESULTS:
+        directed, cases = SETUPS[world, method]
+        _RESULTS[world, method] = spawn(equivalence_many, world,
+                                        args=(cases, N, directed, method, KINDS), timeout_s=240)
+    return _RESULTS[world, method]
 
 
-PAIRS = [(w, c[0]) for w, (_, cases) in WORLDS.items() for c in cases]
+PAIRS = [(w, m, c[0]) for (w, m), (_, cases) in SETUPS.items() for c in cases]
+IDS = [f"p{w}-{l}" + ("-metis" if m == "metis" else "") for w, m, l in PAIRS]
 
 
-@pytest.mark.parametrize("world,label", PAIRS, ids=[f"p{w}-{l}" for w, l in PAIRS])
-def test_equivalence(world, label):
-    for rank, out in enumerate(results(world)):
+@pytest.mark.parametrize("world,method,label", PAIRS, ids=IDS)
+def test_equivalence(world, method, label):
+    for rank, out in enumerate(results(world, method)):
         for what, err in out[label]["errs"].items():
             assert err <= TOL, f"rank {rank} {what}: relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("world,label", PAIRS, ids=[f"p{w}-{l}" for w, l in PAIRS])
-def test_bytes_match_cost_model(world, label):
-    directed, cases = WORLDS[world]
+def test_metis_cases_have_clustered_blocks():
+    """The METIS cases exercise what random ones do not: blocks that follow the graph's
+    clusters (a smaller edge cut than the random partition of the same graph)."""
+    for world, (directed, _) in METIS_WORLDS.items():
+        g = random_graph(n=N, f=6, classes=3, seed=11, directed=directed)
+        src, dst = g.edges()[:2]
+        owners = {m: partition_graph(g, world, m, seed=3).owner for m in ("metis", "random")}
+        cut = {m: int((o[src] != o[dst]).sum()) for m, o in owners.items()}
+        assert cut["metis"] < cut["random"], cut
+
+
+@pytest.mark.parametrize("world,method,label", PAIRS, ids=IDS)
+def test_bytes_match_cost_model(world, method, label):
+    directed, cases = SETUPS[world, method]
     _, algo, dims, replication, kw = next(c for c in cases if c[0] == label)
     g = random_graph(n=N, f=6, classes=3, seed=11, directed=directed)
-    part = partition_graph(g, world, "random", seed=3)
+    part = partition_graph(g, world, method, seed=3)
     owner = (Ownership.permuted_over(N, world, kw.get("seed", 0)).owner if kw.get("permute")
              else part.owner)
     model_dims = replication if algo == "1.5d" else (dims[-3:] if algo in ("3d", "4d") else dims)
-    measured = results(world)
+    measured = results(world, method)
     for kind in KINDS:
         want = epoch_traffic(Structure.from_graph(g, owner, world), algo, kind, WIDTHS,
                              model_dims, kw.get("variant", "halo"), kw.get("layers", 0))

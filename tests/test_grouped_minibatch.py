@@ -214,7 +214,7 @@ def test_grouped_step_two_groups_four_ranks_uneven_seeds():
         per_rank = check_case(res, label, kind, layers, full_neighbourhood=FULL in argv)
         groups = 1 if label == "3d-group4" else 2
         assert per_rank[0]["layout"]["groups"] == groups
-        assert [r["group"] for r in per_rank] == [0, 0, 1, 1] if groups == 2 else [0] * 4
+        assert [r["group"] for r in per_rank] == ([0, 0, 1, 1] if groups == 2 else [0] * 4)
     # group 1 has one seed: a member owning no seed row, then empty minibatches, still exact
     steps = [r["1d-halo"]["steps"] for r in res[2:]]
     assert sorted(s[0]["owned"] for s in steps) == [0, 1]

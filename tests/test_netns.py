@@ -18,6 +18,7 @@ import pytest
 from gnnpar.bootstrap import free_port
 
 from .cli_util import ROOT
+from .required import missing as missing_part
 PROBE = os.path.join(ROOT, "tests", "rank_probe.py")
 ADDRS = ("10.250.0.1", "10.250.0.2")
 
@@ -78,15 +79,15 @@ def read(out, world=2):
 @pytest.fixture
 def veth():
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
+        missing_part("network namespaces need root")
     if shutil.which("ip") is None:
-        pytest.skip("iproute2 is not installed (apt-get install -y iproute2)")
+        missing_part("iproute2 is not installed (apt-get install -y iproute2)")
     pair = VethPair()
     try:
         try:
             pair.create()
         except RuntimeError as e:
-            pytest.skip(f"cannot create network namespaces here: {e}")
+            missing_part(f"cannot create network namespaces here: {e}")
         yield pair
     finally:
         pair.destroy()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from .cli_util import ROOT
+from .required import missing as missing_part
 DATA = "rmat:scale=12,ef=8,feat=16,classes=4"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
@@ -142,11 +143,14 @@ def test_sigkill_of_one_rank_is_named_and_nothing_is_left(tmp_path):
 
 
 def _mpirun():
-    pytest.importorskip("mpi4py")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        missing_part("mpi4py is not installed (pip install mpi4py mpich)")
     exe = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep
                        + os.environ.get("PATH", ""))
     if exe is None:
-        pytest.skip("no mpirun (pip install mpich)")
+        missing_part("no mpirun (pip install mpich)")
     return exe
 
 

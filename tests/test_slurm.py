@@ -11,7 +11,6 @@ import json
 import os
 import sys
 
-import pytest
 
 from gnnpar.bootstrap import slurm_port
 
@@ -28,15 +27,6 @@ def job_env(**knobs):
            "TORCH_CPP_LOG_LEVEL": "ERROR"}
     env.update({k: str(v) for k, v in knobs.items()})
     return env
-
-
-def trainer_reads_slurm() -> bool:
-    """True once gnnpar-train takes its world from gnnpar.bootstrap (srun without torchrun)."""
-    for name in ("dist_train.py", "train.py"):
-        with open(os.path.join(ROOT, "gnnpar", name)) as fh:
-            if "bootstrap" in fh.read():
-                return True
-    return False
 
 
 def test_cpu_cluster_template_probe(slurm_cluster, tmp_path):
@@ -57,9 +47,6 @@ def test_cpu_cluster_template_probe(slurm_cluster, tmp_path):
 
 
 def test_cpu_cluster_template_trains(slurm_cluster, tmp_path):
-    if not trainer_reads_slurm():
-        pytest.skip("gnnpar-train does not read SLURM's variables yet (gnnpar.bootstrap is "
-                    "not wired into the CLI)")
     code, job, log = slurm_cluster.sbatch_wait(
         os.path.join(TEMPLATES, "cpu_cluster.sbatch"), SMALL, cwd=str(tmp_path),
         env=job_env(ALGO="1d-halo", EPOCHS=2, TIMEOUT=60, LOG_JSON=str(tmp_path / "log.jsonl"),
