@@ -63,7 +63,7 @@ def claim(folder: str, kind: str, identity: Optional[Mapping[str, Any]] = None,
                              "give an empty or new folder")
         found = {"tool": "gnnpar", "kind": kind,
                  "identity": dict(identity) if identity is not None else None}
-        _write_marker(folder, found)
+        write_marker(folder, found)
         return found
     if found.get("kind") != kind:
         raise InputError(f"{what} {folder} holds gnnpar {found.get('kind')}, not {kind}; "
@@ -85,7 +85,7 @@ def check_identity(folder: str, found: Mapping[str, Any], identity: Mapping[str,
                          "folder")
 
 
-def _write_marker(folder: str, claim_: Mapping[str, Any]) -> None:
+def write_marker(folder: str, claim_: Mapping[str, Any]) -> None:
     path = os.path.join(folder, MARKER)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:

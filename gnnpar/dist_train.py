@@ -54,8 +54,29 @@ def algo_kwargs(args) -> dict:
 
 
 def _has_shards(args) -> bool:
-    return bool(args.partition_dir) and os.path.exists(os.path.join(args.partition_dir,
-                                                                    "meta.json"))
+    return bool(args.partition_dir) and os.path.lexists(os.path.join(args.partition_dir,
+                                                                     "meta.json"))
+
+
+def check_shards_dataset(args, shard_dir: str, meta=None) -> None:
+    """Refuse shards of another graph than ``--dataset`` (without ``--dataset`` the shards are
+    used as they are). Cheap when the shards record the same dataset identity (spec params,
+    directed flag, input files' size and mtime); otherwise the dataset is loaded and its
+    fingerprint compared with the shards'."""
+    if not args.dataset:
+        return
+    from gnnpar.partitioners.shards import dataset_source, read_meta
+    meta = meta if meta is not None else read_meta(shard_dir)
+    source = meta.get("source") or {}
+    if source.get("key") == dataset_source(args.dataset, args.directed)["key"]:
+        return
+    if _load(args).fingerprint() != meta["fingerprint"]:
+        written = source.get("spec") or f"a graph of fingerprint {meta['fingerprint']}"
+        written += " --directed" if source.get("directed") else ""
+        given = args.dataset + (" --directed" if args.directed else "")
+        raise InputError(f"--partition-dir {shard_dir} holds shards of {written}, not of "
+                         f"--dataset {given}; give the dataset they were written for, drop "
+                         "--dataset, or use another --partition-dir")
 
 
 def _load(args):
@@ -96,21 +117,34 @@ def prepare_shards(args, world: int, graph=None):
     """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them; returns
     the folder and whether it is a temporary one made here (the caller removes it)."""
     from gnnpar.partitioners import partition_graph, write_shards
-    from gnnpar.partitioners.shards import read_meta
+    from gnnpar.partitioners.shards import check_shard_folder, dataset_source, read_meta
     out = args.partition_dir
     if _has_shards(args):
         meta = read_meta(out)
         if int(meta["parts"]) != world:
             raise InputError(f"the shards in {out} are for {meta['parts']} ranks but --nprocs is "
                              f"{world}; rerun gnnpar-partition with --parts {world}")
+        check_shards_dataset(args, out, meta)
+        args.shards_checked = out  # the ranks need not compare the dataset again
         return out, False
+    if out:
+        check_shard_folder(out, "--partition-dir")  # refused before anything is loaded
+    source = dataset_source(args.dataset or DEFAULT_SPEC, args.directed)
     temporary = not out
     out = out or tempfile.mkdtemp(prefix="gnnpar-shards-")
-    graph = graph if graph is not None else _load(args)
-    if not args.quiet:
-        print(graph.summary(), file=sys.stderr)
-    part = partition_graph(graph, world, args.partitioner or DEFAULT_PARTITIONER, seed=args.seed)
-    write_shards(graph, part, out, norms=("gcn", "mean"))
+    try:
+        graph = graph if graph is not None else _load(args)
+        if not args.quiet:
+            print(graph.summary(), file=sys.stderr)
+        part = partition_graph(graph, world, args.partitioner or DEFAULT_PARTITIONER,
+                               seed=args.seed)
+        write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
+                     what="--partition-dir" if not temporary else "shard folder")
+    except BaseException:
+        if temporary:  # every way out: no gnnpar-shards-* is left in $TMPDIR
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    args.shards_checked = out
     return out, temporary
 
 
@@ -153,6 +187,8 @@ def load_rank_shard(rank: int, world: int, args, shard_dir):
     the dataset in memory — every rank loads the whole graph then, fine for small graphs."""
     from gnnpar.partitioners.shards import load_shard
     if shard_dir is not None:
+        if getattr(args, "shards_checked", None) != shard_dir:  # launched: not checked yet
+            check_shards_dataset(args, shard_dir)
         return load_shard(shard_dir, rank, world_size=world)
     from gnnpar.partitioners import partition_graph
     from gnnpar.partitioners.shard_build import build_shard

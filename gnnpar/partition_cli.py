@@ -6,7 +6,9 @@ Examples::
     gnnpar-partition --dataset sbm:n=20000,blocks=8,p_in=0.0005,p_out=0.00002 --parts 8 --report --json
     gnnpar-partition --dataset npz:graph.npz --parts 4 --grid 2x2 --out shards/g-2x2
 
-Without ``--out`` nothing is written (use it with ``--report``). Also ``python -m
+Without ``--out`` nothing is written (use it with ``--report``). ``--out`` must be new, empty,
+or a folder gnnpar wrote shards into (anything else in it is refused with exit 2, nothing
+touched); a rewrite removes only gnnpar's own files. Also ``python -m
 gnnpar.partition_cli``. Exit codes: 0 success, 2 bad input (one line on stderr; ``--debug`` adds
 the traceback), 1 internal error.
 """
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     from gnnpar.datasets import load_dataset
     from gnnpar.partitioners import GridSpec, format_report, partition_graph, report, write_shards
+    from gnnpar.partitioners.shards import check_shard_folder, dataset_source
     from gnnpar.datasets.normalize import union_structure
 
     def say(msg: str) -> None:
@@ -76,6 +79,10 @@ def run(args) -> int:
     norms = tuple(k for k in args.norms.split(",") if k)
     if not args.out and not args.report:
         raise InputError("nothing to do: give --out DIR to write shards, --report to print quality, or both")
+    source = None
+    if args.out:
+        check_shard_folder(args.out, "--out")  # a folder with anything but gnnpar shards: refused
+        source = dataset_source(args.dataset, args.directed)  # before loading: what is read
 
     say(f"loading {args.dataset}")
     t0 = time.perf_counter()
@@ -88,7 +95,8 @@ def run(args) -> int:
     part_s = time.perf_counter() - t0
     say(f"partitioned in {part_s:.1f} s")
     if args.out:
-        write_shards(graph, part, args.out, norms=norms, grid=grid, progress=say)
+        write_shards(graph, part, args.out, norms=norms, grid=grid, progress=say, source=source,
+                     what="--out")
     if args.report:
         say("computing the quality report")
         rep = report(graph, part, feat_width=args.feat_width, grid=grid,

@@ -30,6 +30,20 @@ Consistency: for ranks q != r, ``halo_ids`` of q restricted to owner r equals
 ``part-0000k.tmp-<pid>`` and renamed; ``meta.json`` is removed before a rewrite starts and written
 after every folder is in place; each ``part.json`` carries the ``run_id`` of its write, so a
 folder from another write, a missing or truncated file, or a missing ``meta.json`` is refused.
+
+Ownership: ``OUT`` is claimed as gnnpar's ``"shards"`` (:mod:`gnnpar.datasets.owned`; marker
+``.gnnpar-owner.json``). A write goes only into a new or empty folder, or one whose every entry
+is provably a gnnpar shard artefact (see :func:`check_shard_folder`); anything else in it — a
+file gnnpar never writes, a ``part-NNNNN`` or ``grid`` folder holding files its manifest does
+not list, a symbolic link — refuses the whole write with :class:`InputError` before any work,
+so a rewrite removes only gnnpar's own files. A shard folder of an older gnnpar (no marker,
+every entry an artefact, ``meta.json`` included) is accepted and marked.
+
+Loading refuses (:class:`InputError` naming the file) a symbolic link anywhere in the shard
+folder, a manifest naming a path outside its folder, a file numpy cannot read without
+unpickling (``allow_pickle=False``), and contents a valid graph cannot have: wrong shapes or
+dtypes, NaN/inf features or values, a label outside ``[0, num_classes)``, an index out of
+range (checked in chunks, so memory-mapped shards stay memory-mapped).
 """
 from __future__ import annotations
 
@@ -47,14 +61,13 @@ from .csr_rows import is_canonical
 from .grid import LocalBlock
 from .partition import Partition
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards  # noqa: F401
+from .shard_check import Checker, validate_rows, validate_shard
+from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
+                           TMP_FILE_RE, check_shard_folder, claim_shard_folder,  # noqa: F401
+                           dataset_source)
 
 FORMAT_VERSION = 1
-META = "meta.json"
-MANIFEST = "part.json"
-GRID_DIR = "grid"
-GRID_MANIFEST = "grid.json"
-_PART_RE = re.compile(r"^part-(\d{5,})$")
-_LEFTOVER_RE = re.compile(r"^(part-\d{5,}|grid)\.(tmp|old)-\d+$")
+_REL_RE = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.npy$")  # a file a manifest may name
 _CHUNK_ROWS = 1 << 18
 
 
@@ -140,25 +153,31 @@ def _write_grid_nodes(out_dir: str, graph: Graph, order: np.ndarray, run_id: str
 
 
 def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn", "mean"),
-                 grid=None, progress=None) -> dict:
+                 grid=None, progress=None, source=None, what: str = "shard folder") -> dict:
     """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
 
     Global arrays (S, its values, its transpose) are computed once; parts are then cut and
     written one at a time, so only one part's arrays exist at once besides them. ``grid`` is a
     :class:`GridSpec`, dims like ``(2, 2)`` or a string ``"2x2x2"``; its size must equal the
-    part count. ``progress(msg)`` is called before each long step.
+    part count. ``progress(msg)`` is called before each long step. ``source``
+    (:func:`dataset_source`) is recorded in ``meta.json`` so readers can match a dataset spec
+    cheaply. ``out_dir`` must pass :func:`check_shard_folder` (``what`` names it in messages).
     """
     say = progress or (lambda msg: None)
+    out_dir = os.fspath(out_dir)
+    check_shard_folder(out_dir, what)                        # before any work
     graph.validate()
     say("building the propagation structure and its values")
     builder = ShardBuilder(graph, partition, norms, grid)   # checks everything before touching OUT
-    os.makedirs(out_dir, exist_ok=True)
+    claim_shard_folder(out_dir, what)  # checked again: from here on every entry is gnnpar's
     meta_path = os.path.join(out_dir, META)
     if os.path.exists(meta_path):
         os.remove(meta_path)  # the directory stays invalid until this write completes
     for entry in os.listdir(out_dir):  # debris of a crashed write (one writer per directory)
-        if _LEFTOVER_RE.match(entry):
+        if LEFTOVER_RE.match(entry):
             shutil.rmtree(os.path.join(out_dir, entry))
+        elif TMP_FILE_RE.match(entry):
+            os.remove(os.path.join(out_dir, entry))
     run_id = uuid.uuid4().hex
     fingerprint = graph.fingerprint()
     P = partition.num_parts
@@ -178,7 +197,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         _write_folder(part_dir(out_dir, rank), _shard_files(shard), manifest, MANIFEST)
         del shard
     for entry in os.listdir(out_dir):  # parts left over from an earlier write with more parts
-        match = _PART_RE.match(entry)
+        match = PART_RE.match(entry)
         if match and int(match.group(1)) >= P:
             shutil.rmtree(os.path.join(out_dir, entry))
     ew = graph.edge_weight
@@ -193,6 +212,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         "weighted": ew is not None,
         "edge_weight_dtype": np.asarray(ew).dtype.str if ew is not None else None,
         "canonical_csr": is_canonical(np.asarray(graph.indptr), np.asarray(graph.indices)),
+        "source": dict(source) if source is not None else None,
     }
     _write_json_atomic(meta_path, meta)
     say(f"wrote {P} parts to {out_dir}")
@@ -200,9 +220,23 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
 
 
 # ---------------------------------------------------------------------------- loading
+def _no_link(out_dir: str, path: str) -> None:
+    """Refuse ``path`` when it, or a folder between ``out_dir`` and it, is a symbolic link."""
+    rel = os.path.relpath(path, out_dir)
+    probe = out_dir
+    for part in rel.split(os.sep):
+        if part in ("", "."):
+            continue
+        probe = os.path.join(probe, part)
+        if os.path.islink(probe):
+            raise InputError(f"{probe} is a symbolic link: gnnpar reads only files inside the "
+                             "shard folder; rewrite the shards with gnnpar-partition")
+
+
 def read_meta(out_dir: str) -> dict:
     """``meta.json`` of a shard directory, with its format version checked."""
     path = os.path.join(out_dir, META)
+    _no_link(out_dir, path)
     if not os.path.isfile(path):
         raise InputError(f"{out_dir} has no {META}: not a shard directory, or its write did not finish")
     try:
@@ -210,31 +244,52 @@ def read_meta(out_dir: str) -> dict:
             meta = json.load(f)
     except (OSError, ValueError) as err:
         raise InputError(f"cannot read {path}: {err}") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path} is not a shard meta.json (not a JSON object)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise InputError(f"{path} has shard format version {meta.get('format_version')!r}; this gnnpar "
                          f"reads version {FORMAT_VERSION}: rewrite the shards with gnnpar-partition")
+    missing = [k for k in ("run_id", "fingerprint", "parts", "n", "num_features", "num_classes",
+                           "norms") if k not in meta]
+    if missing:
+        raise InputError(f"{path} lacks {', '.join(missing)}: rewrite the shards with gnnpar-partition")
     return meta
 
 
-def _check_folder(folder: str, manifest_name: str, run_id: str) -> dict:
+def _check_folder(out_dir: str, folder: str, manifest_name: str, run_id: str) -> dict:
+    _no_link(out_dir, folder)
     path = os.path.join(folder, manifest_name)
+    _no_link(out_dir, path)
     if not os.path.isfile(path):
         raise InputError(f"{folder} is incomplete (no {manifest_name}): its write did not finish; "
                          f"rewrite the shards")
-    with open(path) as f:
-        manifest = json.load(f)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read {path}: {err}; rewrite the shards") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise InputError(f"{path} is not a shard manifest (no 'files'); rewrite the shards")
     if manifest.get("run_id") != run_id:
         raise InputError(f"{folder} comes from a different write than {META} (run ids differ); "
                          f"rewrite the shards")
     for rel, size in manifest["files"].items():
-        file = os.path.join(folder, rel)
+        if not isinstance(rel, str) or not _REL_RE.match(rel):
+            raise InputError(f"{path} names {rel!r}, not a file inside {folder}; rewrite the shards")
+        file = os.path.join(folder, *rel.split("/"))
+        _no_link(out_dir, file)
         if not os.path.isfile(file) or os.path.getsize(file) != size:
             raise InputError(f"{file} is missing or truncated; rewrite the shards")
     return manifest
 
 
 def _load(folder: str, rel: str, mmap: bool):
-    return np.load(os.path.join(folder, rel), mmap_mode="r" if mmap else None)
+    path = os.path.join(folder, *rel.split("/"))
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise InputError(f"cannot read {path}: {' '.join(str(err).split())}; rewrite the "
+                         "shards") from None
 
 
 def load_grid_rows(out_dir: str, start: int, stop: int, mmap: bool = True) -> dict:
@@ -243,9 +298,10 @@ def load_grid_rows(out_dir: str, start: int, stop: int, mmap: bool = True) -> di
     if meta.get("grid") is None:
         raise InputError(f"the shards in {out_dir} were written without --grid")
     folder = os.path.join(out_dir, GRID_DIR)
-    _check_folder(folder, GRID_MANIFEST, meta["run_id"])
+    _check_folder(out_dir, folder, GRID_MANIFEST, meta["run_id"])
     out = {name: _load(folder, f"{name}.npy", mmap)[start:stop] for name in NODE_ARRAYS}
     out["global_ids"] = _load(folder, "order.npy", mmap)[start:stop]
+    validate_rows(folder, meta, out)
     return out
 
 
@@ -253,7 +309,8 @@ def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap:
     """Rank ``rank``'s :class:`Shard` from ``out_dir`` (arrays memory-mapped when ``mmap``).
 
     Refuses with :class:`InputError` a wrong format version, a ``world_size`` other than the part
-    count, a ``fingerprint`` other than the written graph's, or an incomplete/stale folder.
+    count, a ``fingerprint`` other than the written graph's, an incomplete/stale folder, a
+    symbolic link in it, or contents no valid graph has (checked in chunks; see module docstring).
     """
     meta = read_meta(out_dir)
     P = int(meta["parts"])
@@ -266,24 +323,33 @@ def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap:
     if not 0 <= int(rank) < P:
         raise InputError(f"rank {rank} is outside [0, {P}) for the shards in {out_dir}")
     folder = part_dir(out_dir, int(rank))
+    _no_link(out_dir, folder)
     if not os.path.isdir(folder):
         raise InputError(f"{folder} is missing: the write did not finish; rewrite the shards")
-    manifest = _check_folder(folder, MANIFEST, meta["run_id"])
+    manifest = _check_folder(out_dir, folder, MANIFEST, meta["run_id"])
     if manifest.get("rank") != int(rank):
         raise InputError(f"{folder} holds rank {manifest.get('rank')}, not {rank}")
     arr = {rel[:-4]: _load(folder, rel, mmap) for rel in manifest["files"] if "/" not in rel}
     blocks = {}
     for name, info in (manifest.get("grid_blocks") or {}).items():
         sub = f"{GRID_DIR}/{name}/"
+        try:
+            rows, cols = (tuple(int(v) for v in info[k]) for k in ("row_range", "col_range"))
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{os.path.join(folder, MANIFEST)}: grid block {name!r} has no valid "
+                             "row_range/col_range; rewrite the shards") from None
         vals = {k: _load(folder, f"{sub}values_{k}.npy", mmap) for k in meta["norms"]}
-        blocks[name] = LocalBlock(name, tuple(info["row_range"]), tuple(info["col_range"]),
-                                  _load(folder, f"{sub}indptr.npy", mmap),
+        blocks[name] = LocalBlock(name, rows, cols, _load(folder, f"{sub}indptr.npy", mmap),
                                   _load(folder, f"{sub}indices.npy", mmap), vals)
+    validate_shard(folder, meta, manifest, arr, blocks)
     grid_order = None
     if meta.get("grid") is not None:
         gfolder = os.path.join(out_dir, GRID_DIR)
-        _check_folder(gfolder, GRID_MANIFEST, meta["run_id"])
+        _check_folder(out_dir, gfolder, GRID_MANIFEST, meta["run_id"])
         grid_order = _load(gfolder, "order.npy", True)
+        ck = Checker(gfolder)
+        ck.in_range("order.npy", ck.array("order.npy", grid_order, (int(meta["n"]),), "int"),
+                    0, int(meta["n"]), "vertex id")
     return Shard(
         rank=int(rank), world_size=P, n_global=int(meta["n"]), num_classes=int(meta["num_classes"]),
         global_ids=arr["global_ids"], indptr=arr["indptr"], indices=arr["indices"],
