@@ -16,6 +16,11 @@ with a warning and takes the previous good one. The payload is read with
 
 ``meta`` (JSON values: world size, grid, partition fingerprint, algorithm…) sits in the
 header, so a checkpoint from a different run is refused before its payload is touched.
+
+Rotation (``keep``) deletes only files it can prove are this run's: the checksum holds and
+the header's meta equals the meta being written. A file merely named like a checkpoint, a
+damaged one or another run's is never counted and never deleted, nor is the file just
+written. :class:`FolderLock` keeps a second run out of a folder.
 """
 from __future__ import annotations
 
@@ -71,9 +76,11 @@ def file_name(step: int) -> str:
 # ---------------------------------------------------------------- writing
 def save_checkpoint(directory: str, state: Mapping[str, Any], step: int, keep: int = 3,
                     meta: Optional[Mapping[str, Any]] = None) -> str:
-    """Write ``state`` as checkpoint ``step`` atomically; keep the ``keep`` newest; return
-    the path. ``state`` may hold only weights_only-safe values (TypeError names the first
-    that is not); ``meta`` must be JSON-serialisable."""
+    """Write ``state`` as checkpoint ``step`` atomically; return the path. Of the other
+    intact checkpoints written with the same ``meta``, the ``keep - 1`` newest stay (see the
+    module docstring: nothing else is ever deleted). ``state`` may hold only
+    weights_only-safe values (TypeError names the first that is not); ``meta`` must be
+    JSON-serialisable."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
     if step < 0:
@@ -89,6 +96,7 @@ def save_checkpoint(directory: str, state: Mapping[str, Any], step: int, keep: i
     _clear_debris(directory)
     final = os.path.join(directory, file_name(step))
     tmp = os.path.join(directory, f".ckpt-{step}.{os.getpid()}.tmp")
+    _set_aside_unless_own(final, header["meta"])
     try:
         with open(tmp, "wb") as fh:
             fh.write(MAGIC)
@@ -102,9 +110,37 @@ def save_checkpoint(directory: str, state: Mapping[str, Any], step: int, keep: i
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
-    for old in list_steps(directory)[keep:]:
-        os.unlink(os.path.join(directory, file_name(old)))
+    # rotation: only checkpoints this run can prove it wrote (checksum intact, same meta);
+    # junk named like a checkpoint, damaged files and other runs' files are never counted
+    # nor deleted, and neither is the file just written
+    older = [s for s in own_steps(directory, header["meta"]) if s != step]
+    for old in older[keep - 1:]:
+        try:
+            os.unlink(os.path.join(directory, file_name(old)))
+        except FileNotFoundError:
+            pass
     return final
+
+
+def _set_aside_unless_own(path: str, meta: Mapping[str, Any]) -> None:
+    """Before ``path`` is replaced: a file there that is not an intact checkpoint with this
+    very ``meta`` (damaged, someone else's, junk under a checkpoint's name) is renamed to
+    ``NAME.not-overwritten[-N]`` with a warning, never overwritten."""
+    if not os.path.lexists(path):
+        return
+    try:
+        header, _ = read_verified(path)
+        if header.get("meta") == meta:
+            return
+    except (CorruptCheckpoint, OSError):
+        pass
+    aside, n = f"{path}.not-overwritten", 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = f"{path}.not-overwritten-{n}"
+    os.rename(path, aside)
+    warnings.warn(f"{path} was not written by this run (or is damaged): kept as {aside}",
+                  CheckpointWarning, stacklevel=3)
 
 
 _SAFE_SCALARS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
@@ -196,6 +232,21 @@ def read_verified(path: str):
     return header, payload
 
 
+def own_steps(directory: str, meta: Optional[Mapping[str, Any]]) -> List[int]:
+    """Steps whose files pass the checksum and were written with exactly ``meta`` (compared
+    as JSON), newest first; anything else is skipped silently."""
+    want = json.loads(json.dumps(dict(meta or {})))
+    out = []
+    for step in list_steps(directory):
+        try:
+            header, _ = read_verified(os.path.join(directory, file_name(step)))
+        except (CorruptCheckpoint, OSError):
+            continue
+        if header.get("meta") == want and header.get("step") == step:
+            out.append(step)
+    return out
+
+
 def good_steps(directory: str) -> List[int]:
     """Steps whose files pass the checksum, newest first (damaged ones warned about)."""
     out = []
@@ -277,6 +328,84 @@ def agree_on_step(steps: List[int], group=None) -> Optional[int]:
         if int(everyone[0]) == 1:
             return low
         bound = low - 1
+
+
+_MESSAGE_BYTES = 2048
+
+
+def agree_on_error(message: Optional[str], group=None) -> Optional[str]:
+    """Every rank of ``group`` learns the message of the lowest rank that has one (None when
+    no rank has): ranks that refuse a setting together fail with the same words. All ranks
+    call it together; two small all-reduces."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return message
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    first = int(control_all_reduce(torch.tensor([rank if message is not None else world],
+                                                dtype=torch.int64), "min", group)[0])
+    if first >= world:
+        return None
+    buf = torch.zeros(_MESSAGE_BYTES, dtype=torch.int32)
+    if rank == first:
+        data = (message or "?").encode("utf-8", "replace")[:_MESSAGE_BYTES].replace(b"\0", b" ")
+        buf[:len(data)] = torch.tensor(list(data), dtype=torch.int32)
+    out = control_all_reduce(buf, "max", group).tolist()
+    end = out.index(0) if 0 in out else len(out)
+    return bytes(out[:end]).decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- folder lock
+LOCK_NAME = ".gnnpar-lock"
+
+
+class FolderBusy(InputError):
+    """Another live process holds the lock of a checkpoint folder."""
+
+
+class FolderLock:
+    """An exclusive ``fcntl.flock`` on ``FOLDER/.gnnpar-lock``, held until :meth:`release`
+    (or the process ends: the kernel drops it even after SIGKILL, so a crashed run never
+    leaves a stale lock). The holder's pid and host are written into the file for the message
+    a second run gets. A file system without lock support gives a warning, not an error."""
+
+    def __init__(self, folder: str, what: str = "folder"):
+        import fcntl
+        import socket
+        self.path = os.path.join(folder, LOCK_NAME)
+        self.fd: Optional[int] = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder()
+            self.release()
+            raise FolderBusy(f"{what} {folder} is in use by another run ({holder}); wait for "
+                             "it to finish or give another folder")
+        except OSError as e:  # e.g. ENOLCK: no locks on this file system
+            warnings.warn(f"cannot lock {self.path} ({e.strerror}): nothing stops a second run "
+                          "from writing into this folder", CheckpointWarning, stacklevel=2)
+            return
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+
+    def _holder(self) -> str:
+        import socket
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                pid, _, host = fh.read(200).strip().partition(" ")
+        except OSError:
+            return "pid unknown"
+        if not pid.isdigit():
+            return "pid unknown"
+        return f"pid {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)  # drops the flock; the file stays (removing it would race a waiter)
 
 
 # ---------------------------------------------------------------- random states

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import List, Tuple
 
@@ -28,6 +29,8 @@ ACCURACIES = (("train_acc", "train acc", "-"), ("val_acc", "val acc", "--"),
 
 def read_log(path: str) -> Tuple[List[dict], dict]:
     """(epoch records in epoch order, the final record or {}) of a JSON-lines log."""
+    if not os.path.isfile(path):
+        raise InputError(f"no such file: {path}")
     epochs, final = [], {}
     with open(path, encoding="utf-8") as fh:
         for no, line in enumerate(fh, 1):

@@ -8,53 +8,131 @@ of the epoch is done, so restoring the RNG states there makes the resumed run bi
 to an uninterrupted one on CPU. (Mini-batch samplers draw from (seed, epoch, rank, step)
 alone, so their position needs no state of its own.)
 
-The header records world size, grid, algorithm, mode and the partition/dataset fingerprint;
-resuming with any of them changed is refused with a clear error (exit 2). On resume all ranks
-agree on the newest epoch every rank holds intact; a damaged newest file is skipped (with a
-warning) for the previous good one.
+A checkpoint folder belongs to one run identity (:func:`run_meta`: dataset/partition
+fingerprint, model shape, dropout, seed, learning rate and weight decay, world size, grid,
+algorithm, mode and the mini-batch settings). Before any epoch runs:
+
+- ``DIR`` is claimed (``gnnpar.datasets.owned``, kind ``checkpoints``): a new or empty folder
+  is marked with the identity; a folder holding anything gnnpar did not write, another kind
+  of gnnpar output or another identity is refused (exit 2, the differing keys named);
+- rank 0 holds an exclusive lock on ``DIR/.gnnpar-lock`` until its last checkpoint, so a
+  second run on the folder fails at once (exit 2, the holder's pid named);
+- without ``--resume``, a folder that already holds checkpoints is refused (pass ``--resume``
+  to continue that run, or give a new folder) — nothing is deleted.
+
+Every checkpoint's header records the identity too; resuming with any of it changed is
+refused (exit 2). On resume all ranks agree on the newest epoch every rank holds intact and
+can load: a damaged newest file, or one the safe loader refuses, is skipped (with a warning)
+for the previous good one; checkpoint files with none usable is exit 2 naming the folder.
+Rotation (``--checkpoint-keep``) deletes only checkpoints of this identity whose checksum
+holds.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+import warnings
 from typing import Optional
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.owned import MARKER, write_marker, check_writable_folder, claim, read_claim
 
-from .checkpoint import (agree_on_step, good_steps, load_step, rank_dir, restore_rng,
-                         save_checkpoint, capture_rng)
+from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
+                         agree_on_step, capture_rng, file_name, list_steps, load_step,
+                         rank_dir, read_verified, restore_rng, save_checkpoint)
+
+KIND, WHAT = "checkpoints", "--checkpoint-dir"
 
 
 class Checkpointing:
-    """Restore at start, save every ``every`` epochs and on SIGTERM; inactive without a dir."""
+    """Claim and lock the folder, restore at start, save every ``every`` epochs and on
+    SIGTERM; inactive without a dir. All ranks construct it at the same point (it agrees
+    with the other ranks on whether the folder may be used)."""
 
     def __init__(self, args, rank: int, meta: dict, model, opt, quiet: bool = True):
-        self.dir = rank_dir(args.checkpoint_dir, rank) if args.checkpoint_dir else None
+        self.base = args.checkpoint_dir or None
+        self.dir = rank_dir(self.base, rank) if self.base else None
+        self.rank = rank
         self.every, self.keep = args.checkpoint_every, args.checkpoint_keep
-        self.resume, self.meta = args.resume, meta
+        self.resume, self.meta = args.resume, json.loads(json.dumps(dict(meta)))
+        self.last_epoch = int(args.epochs) - 1
         self.model, self.opt, self.quiet = model, opt, quiet
         self.epoch = -1
         self.sigterm = None
+        self.lock: Optional[FolderLock] = None
         if self.dir is not None:
-            os.makedirs(self.dir, exist_ok=True)
+            try:
+                self.lock = setup_folder(self.base, rank, self.meta, self.resume)
+                os.makedirs(self.dir, exist_ok=True)
+            except BaseException:
+                self.release()
+                raise
             from .watchdog import on_sigterm
             self.sigterm = on_sigterm(self.save_now, deferred=True)
 
     def restore(self) -> int:
         """The first epoch to run: 0, or the one after the newest checkpoint on every rank."""
-        if self.dir is None or not self.resume:
+        if self.dir is None:
             return 0
-        step = agree_on_step(good_steps(self.dir))
-        if step is None:
-            self._say("--resume: no checkpoint yet, starting from epoch 0")
-            return 0
-        ck = load_step(self.dir, step, expect=self.meta)
-        self.model.load_state_dict(ck.state["model"])
-        self.opt.load_state_dict(ck.state["optimizer"])
-        restore_rng(ck.state["rng"])
-        self.epoch = step
-        self._say(f"resumed from {ck.path} (epoch {step})")
-        return step + 1
+        try:
+            start = self._restore() if self.resume else 0
+        except BaseException:
+            self.release()
+            raise
+        if start > self.last_epoch:
+            self.release()  # nothing left to train: no checkpoint will be written
+        return start
+
+    def _restore(self) -> int:
+        candidates, problems = [], []
+        for step in list_steps(self.dir):
+            try:
+                read_verified(os.path.join(self.dir, file_name(step)))
+                candidates.append(step)
+            except (CorruptCheckpoint, OSError) as e:
+                problems.append(str(e))
+                warnings.warn(f"skipping damaged checkpoint: {e}", CheckpointWarning,
+                              stacklevel=2)
+        had_files = bool(candidates or problems)
+        while True:
+            step = agree_on_step(candidates)
+            if step is None:
+                break
+            ck, refused, damaged = None, None, None
+            try:
+                ck = load_step(self.dir, step, expect=self.meta)
+            except (CorruptCheckpoint, OSError) as e:  # e.g. a payload the safe loader refuses
+                damaged = str(e)
+            except InputError as e:  # written by another run identity
+                refused = str(e)
+            refused = agree_on_error(refused)
+            if refused is not None:
+                raise InputError(refused)
+            if damaged is not None:
+                problems.append(damaged)
+                warnings.warn(f"skipping damaged checkpoint: {damaged}", CheckpointWarning,
+                              stacklevel=2)
+                candidates.remove(step)
+            if agree_on_error("bad" if damaged is not None else None) is None:
+                self.model.load_state_dict(ck.state["model"])
+                self.opt.load_state_dict(ck.state["optimizer"])
+                restore_rng(ck.state["rng"])
+                self.epoch = step
+                self._say(f"resumed from {ck.path} (epoch {step})")
+                return step + 1
+        why = None
+        if had_files:
+            why = (f"every checkpoint in {self.dir} is damaged or unreadable ({problems[0]})"
+                   if not candidates and problems else
+                   f"the ranks hold no epoch in common ({self.dir} has "
+                   f"{', '.join(map(str, candidates)) or 'none intact'})")
+        why = agree_on_error(why)
+        if why is not None:
+            raise InputError(f"--resume: no usable checkpoint in {WHAT} {self.base}: {why}; "
+                             "restore the files or give a new folder (without --resume)")
+        self._say("--resume: no checkpoint yet, starting from epoch 0")
+        return 0
 
     def after_epoch(self, epoch: int) -> None:
         """Call at the end of every epoch, on every rank, at the same point."""
@@ -64,30 +142,159 @@ class Checkpointing:
         if (epoch + 1) % self.every == 0:
             self.save_now()
         self.sigterm.check()  # all ranks agree; saves and exits 143 when one was signalled
+        if epoch >= self.last_epoch:
+            self.release()  # the run's last checkpoint is written
 
     def save_now(self) -> None:
         if self.dir is None or self.epoch < 0:
             return
+        if self.lock is not None and self.lock.held:
+            self._keep_marker()
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "rng": capture_rng(), "epoch": self.epoch}
         save_checkpoint(self.dir, state, self.epoch, keep=self.keep, meta=self.meta)
+
+    def release(self) -> None:
+        """Let go of the folder lock (rank 0): after the last checkpoint, or on an error."""
+        if self.lock is not None:
+            self.lock.release()
+
+    def _keep_marker(self) -> None:
+        """The lock holder owns the folder: put its marker back if a run that lost the race
+        for a brand-new folder overwrote it before failing to get the lock."""
+        found = read_claim(self.base)
+        if found is None or found.get("kind") != KIND or found.get("identity") != self.meta:
+            write_marker(self.base, {"tool": "gnnpar", "kind": KIND, "identity": self.meta})
 
     def _say(self, msg: str) -> None:
         if not self.quiet:
             print(f"gnnpar-train: {msg}", file=sys.stderr)
 
 
+def setup_folder(base: str, rank: int, identity: dict, resume: bool) -> Optional[FolderLock]:
+    """Claim ``base`` for this run identity and lock it (rank 0), then check it on every
+    rank; every rank raises the same InputError when any refuses. Returns rank 0's lock."""
+    lock, failure = None, None
+    if rank == 0:
+        try:
+            lock = _claim_and_lock(base, identity)
+            if not resume:
+                _refuse_earlier_checkpoints(base, sorted(
+                    os.path.join(base, e) for e in os.listdir(base) if e.startswith("rank-")))
+        except Exception as e:  # noqa: BLE001 - the other ranks must learn of it too
+            failure = e
+    _agree_setup(failure, lock)
+    if rank != 0:
+        try:
+            # the marker rank 0 wrote (shared folder), or this node's own (node-local disks)
+            claim(base, KIND, identity, WHAT)
+            if not resume:
+                _refuse_earlier_checkpoints(base, [rank_dir(base, rank)])
+        except Exception as e:  # noqa: BLE001
+            failure = e
+    _agree_setup(failure, lock)
+    return lock
+
+
+def _agree_setup(failure: Optional[BaseException], lock: Optional[FolderLock]) -> None:
+    word = None
+    if isinstance(failure, OSError):  # the user's path: cannot be created, locked, listed
+        failure = InputError(f"{WHAT}: cannot use it: {failure.strerror or failure}"
+                             + (f": {failure.filename}" if failure.filename else ""))
+    if failure is not None:
+        word = ("I" if isinstance(failure, InputError) else "E") + \
+            (str(failure) or type(failure).__name__)
+    agreed = agree_on_error(word)
+    if agreed is None:
+        return
+    if lock is not None:
+        lock.release()
+    if failure is not None:
+        raise failure
+    if agreed.startswith("I"):
+        raise InputError(agreed[1:])
+    raise RuntimeError(f"another rank could not set up {WHAT} {agreed[1:]}")
+
+
+def _claim_and_lock(base: str, identity: dict) -> FolderLock:
+    check_writable_folder(base, WHAT)
+    found = read_claim(base) if os.path.isdir(base) else None
+    if found is not None and found.get("kind") == KIND:
+        lock = FolderLock(base, WHAT)  # "in use by another run" before any identity talk
+        try:
+            claim(base, KIND, identity, WHAT)
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+    claim(base, KIND, identity, WHAT)  # marks a new or empty folder, refuses anything else
+    lock = FolderLock(base, WHAT)
+    try:
+        claim(base, KIND, identity, WHAT)  # again under the lock: a run racing us to mark it
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _refuse_earlier_checkpoints(base: str, folders) -> None:
+    steps = [s for d in folders if os.path.isdir(d) for s in list_steps(d)]
+    if steps:
+        raise InputError(f"{WHAT} {base} already holds checkpoints of this run (newest: epoch "
+                         f"{max(steps)}); pass --resume to continue it, or give a new folder "
+                         "to start over")
+
+
 def check_checkpoint_args(args) -> None:
+    """The checkpoint flags, and the folder as far as it can be judged before the run's
+    identity is known: a path that is a file, a folder that cannot be written, a folder
+    holding files gnnpar did not write or another kind of gnnpar output (all exit 2)."""
     if args.resume and not args.checkpoint_dir:
         raise InputError("--resume needs --checkpoint-dir (the folder the run wrote to)")
     if args.checkpoint_every < 1:
         raise InputError(f"--checkpoint-every must be >= 1 epoch, got {args.checkpoint_every}")
     if args.checkpoint_keep < 1:
         raise InputError(f"--checkpoint-keep must be >= 1, got {args.checkpoint_keep}")
+    folder = args.checkpoint_dir
+    if not folder:
+        return
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if probe != os.path.abspath(folder) and not os.path.isdir(probe):
+        raise InputError(f"{WHAT} {folder}: {probe} is not a folder")
+    check_writable_folder(folder, WHAT)
+    if not os.path.isdir(folder):
+        return
+    found = read_claim(folder)
+    if found is None:
+        others = sorted(e for e in os.listdir(folder) if e != MARKER)
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise InputError(f"{WHAT} {folder} holds files gnnpar did not write ({shown}); "
+                             "give an empty or new folder")
+    elif found.get("kind") != KIND:
+        raise InputError(f"{WHAT} {folder} holds gnnpar {found.get('kind')}, not {KIND}; "
+                         "give another folder")
 
 
 def run_meta(args, world: int, grid, fingerprint: Optional[str]) -> dict:
-    """What a checkpoint must match to be resumed by this run."""
-    return {"world_size": int(world), "grid": [int(g) for g in grid], "algo": args.algo,
-            "mode": getattr(args, "mode", "fullbatch"), "model": args.model,
-            "layers": int(args.layers), "hidden": int(args.hidden), "fingerprint": fingerprint}
+    """The run identity: what a checkpoint folder and each checkpoint must match to be
+    resumed by this run (JSON values)."""
+    mode = getattr(args, "mode", "fullbatch") or "fullbatch"
+    meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": args.algo,
+            "mode": mode, "model": args.model, "layers": int(args.layers),
+            "hidden": int(args.hidden), "dropout": float(args.dropout),
+            "fingerprint": fingerprint, "seed": int(args.seed), "lr": float(args.lr),
+            "weight_decay": float(args.weight_decay),
+            "variant": getattr(args, "variant", None),
+            "replication": getattr(args, "replication", None)}
+    if mode == "minibatch":
+        from gnnpar.sampling.neighbor import parse_fanouts
+        macro = getattr(args, "macrobatch", None)
+        meta.update({"fanouts": list(parse_fanouts(args.fanouts)),
+                     "batch_size": int(args.batch_size),
+                     "macrobatch": 1 if macro is None else int(macro),
+                     "group_size": getattr(args, "group_size", None),
+                     "replace": bool(getattr(args, "replace", False))})
+    return meta
