@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from .errors import InputError
-
+from .limits import check_num_classes
 
 @dataclass
 class Graph:
@@ -83,6 +83,9 @@ class Graph:
         x = np.asarray(self.x)
         if x.ndim != 2 or x.shape[0] != n:
             raise InputError(f"x must have shape (num_nodes={n}, F), got {x.shape}")
+        if x.shape[1] < 1:
+            raise InputError(f"x has no feature columns (shape {x.shape}): a GNN needs at least "
+                             "one input feature (give a graph without features a column of ones)")
         if not np.issubdtype(x.dtype, np.floating):
             raise InputError(f"x must be a float array, got {x.dtype}")
         if not np.all(np.isfinite(x)):
@@ -95,6 +98,7 @@ class Graph:
             raise InputError(f"y must be an integer array, got {y.dtype}")
         if self.num_classes < 1:
             raise InputError(f"num_classes must be >= 1, got {self.num_classes}")
+        check_num_classes(int(self.num_classes), n)
         if n and (y.min() < 0 or y.max() >= self.num_classes):
             bad = int(y.min()) if y.min() < 0 else int(y.max())
             raise InputError(f"label {bad} is outside [0, num_classes={self.num_classes})")

@@ -63,16 +63,32 @@ def values_for(kind: str, indptr: np.ndarray, indices: np.ndarray, raw: np.ndarr
     if kind == "sum":
         return raw.astype(np.float32)
     if kind == "mean":
+        _refuse_negative(raw, rows, indices, kind, "D^-1 A divides by each weighted degree")
         rowsum = np.bincount(rows, weights=raw, minlength=n)
         inv = np.divide(1.0, rowsum, out=np.zeros(n), where=rowsum != 0)
         return (raw * inv[rows]).astype(np.float32)
     # gcn: loops become weight 1
     w = np.where(rows == indices, 1.0, raw)
+    _refuse_negative(w, rows, indices, kind, "D^-1/2 (A+I) D^-1/2 takes each weighted degree's "
+                                             "square root")
     rowsum = np.bincount(rows, weights=w, minlength=n)
     colsum = np.bincount(indices, weights=w, minlength=n)
     rinv = np.divide(1.0, np.sqrt(rowsum), out=np.zeros(n), where=rowsum > 0)
     cinv = np.divide(1.0, np.sqrt(colsum), out=np.zeros(n), where=colsum > 0)
     return (w * rinv[rows] * cinv[indices]).astype(np.float32)
+
+
+def _refuse_negative(w: np.ndarray, rows: np.ndarray, cols: np.ndarray, kind: str,
+                     why: str) -> None:
+    """Degree-normalised kinds need non-negative weights: a negative one can make a degree
+    zero or negative, whose root or inverse is no number (the row would be silently zeroed)."""
+    neg = np.flatnonzero(w < 0)
+    if neg.size:
+        i = int(neg[0])
+        raise InputError(f"the {kind} normalisation needs edge weights >= 0 ({why}); "
+                         f"{neg.size:,} edge(s) have a negative weight, the first "
+                         f"{int(cols[i])} -> {int(rows[i])} ({w[i]:g}); only 'sum' aggregation "
+                         "takes negative weights")
 
 
 def propagation_matrix(graph: Graph, kind: str):

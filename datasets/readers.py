@@ -10,14 +10,17 @@ removed behind the user's back). Every reader returns a validated :class:`Graph`
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import zipfile
 import zlib
-from typing import Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import InputError
 from .graph import Graph
+from .limits import check_memory, check_num_classes, format_bytes
 
 NPZ_KEYS = ("edge_index", "x", "y", "train_mask", "val_mask", "test_mask")
 _MASKS = ("train_mask", "val_mask", "test_mask")
@@ -67,8 +70,12 @@ def graph_from_arrays(edge_index, x, y, masks, num_classes: Optional[int] = None
     if len(masks) != 3:
         raise InputError(f"need 3 masks (train, val, test), got {len(masks)}")
     train, val, test = (_as_mask(m, k, n) for m, k in zip(masks, _MASKS))
+    if n and np.issubdtype(y.dtype, np.unsignedinteger) and int(y.max()) > np.iinfo(np.int64).max:
+        raise InputError(f"y holds label {int(y.max())} ({y.dtype}), which is no class id: labels "
+                         "must be 0..C-1 (a -1 stored as unsigned?)")
     if num_classes is None:
         num_classes = int(y.max()) + 1 if n else 0
+        check_num_classes(num_classes, n, "num_classes (largest label + 1)")
     w = None
     if edge_weight is not None:
         w = np.asarray(edge_weight)
@@ -87,25 +94,123 @@ def graph_from_arrays(edge_index, x, y, masks, num_classes: Optional[int] = None
 
 
 # ---------------------------------------------------------------- npz
+_NPZ_ERRORS = (ValueError, OSError, zlib.error, EOFError, zipfile.BadZipFile, KeyError,
+               NotImplementedError, RuntimeError)
+
+
+def npz_headers(path: str) -> Dict[str, Tuple[tuple, np.dtype, int]]:
+    """``key -> (shape, dtype, nbytes)`` of every array in an ``.npz``, read from the ``.npy``
+    headers alone (nothing is loaded). Raises :class:`InputError` when the file is no zip of
+    ``.npy`` arrays, holds pickled objects, or a header claims more data than its member holds
+    (a damaged file: loading it would allocate what the header claims)."""
+    def bad(why: str) -> InputError:
+        return InputError(f"cannot read {path} as .npz: {why}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as exc:
+        raise bad(str(exc)) from None
+    if magic.startswith(b"\x93NUMPY"):
+        raise bad("it is a single .npy array (np.save); an npz graph is np.savez's zip of arrays")
+    if not magic.startswith(b"PK"):
+        raise bad("it is not a zip archive (an npz graph is np.savez's zip of .npy arrays)")
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                key = info.filename[:-len(".npy")]
+                with zf.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                    else:  # a newer format: np.load judges it
+                        continue
+                    header = member.tell()
+                if dtype.hasobject:
+                    raise bad(f"'{key}' holds Python objects (pickled data); only numeric arrays "
+                              "are read")
+                nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+                held = max(info.file_size - header, 0)
+                if nbytes > held:
+                    raise bad(f"the header of '{key}' claims shape {tuple(shape)} {dtype} "
+                              f"({format_bytes(nbytes)}) but the file holds {format_bytes(held)} "
+                              "of it: the file is damaged")
+                out[key] = (tuple(int(d) for d in shape), dtype, nbytes)
+    except InputError:
+        raise
+    except _NPZ_ERRORS as exc:
+        raise bad(f"the zip archive is damaged or truncated ({exc})"
+                  if isinstance(exc, (zipfile.BadZipFile, EOFError, zlib.error)) else str(exc)) from None
+    return out
+
+
+def load_npz_arrays(path: str, keys: Sequence[str], optional: Sequence[str] = (),
+                    extra_bytes=None, what: Optional[str] = None,
+                    heads=None) -> Dict[str, np.ndarray]:
+    """Load ``keys`` (all required) and ``optional`` arrays of an ``.npz`` after checking, from
+    the headers alone (``heads``: :func:`npz_headers`, read here when not given), that they
+    exist and that their bytes plus ``extra_bytes(heads)`` (what building the graph from them
+    needs) fit :func:`gnnpar.datasets.graph.check_memory`."""
+    heads = npz_headers(path) if heads is None else heads
+    missing = [k for k in keys if k not in heads]
+    if missing:
+        raise InputError(f"{path} is missing key '{missing[0]}' (it needs {', '.join(keys)})")
+    wanted = [k for k in list(keys) + list(optional) if k in heads]
+    need = sum(heads[k][2] for k in wanted) + (extra_bytes(heads) if extra_bytes else 0)
+    check_memory(need, what or path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in wanted}
+    except _NPZ_ERRORS as exc:
+        why = (f"the zip archive is damaged or truncated ({exc})"
+               if isinstance(exc, (zipfile.BadZipFile, EOFError, zlib.error)) else str(exc))
+        raise InputError(f"cannot read {path} as .npz: {why}") from None
+
+
+def _npz_graph_bytes(directed: bool):
+    """Bytes building a graph from npz arrays needs beyond the arrays: the int64 edge ends
+    (both directions unless ``directed``) sorted into a CSR (~48 bytes an edge and
+    direction), and a float32 copy of ``x`` when it is stored otherwise."""
+    def extra(heads) -> int:
+        shape = heads["edge_index"][0]
+        edges = shape[1] if len(shape) == 2 else 0
+        x_shape, x_dtype, _ = heads["x"]
+        x_copy = 0 if x_dtype == np.float32 else 4 * math.prod(x_shape)
+        return 48 * edges * (1 if directed else 2) + x_copy
+    return extra
+
+
+def _shape_words(heads) -> str:
+    x = heads.get("x", ((0, 0),))[0]
+    e = heads.get("edge_index", ((0, 0),))[0]
+    n = x[0] if x else 0
+    f = x[1] if len(x) > 1 else 0
+    m = e[1] if len(e) > 1 else 0
+    return f"{n:,} nodes, {m:,} edges, {f:,} features"
+
+
 def read_npz(path: str, directed: bool = False) -> Graph:
     """Read a graph from one ``.npz`` file.
 
     Keys: ``edge_index`` (2, E) int, ``x`` (N, F) float, ``y`` (N,) int, ``train_mask``,
     ``val_mask``, ``test_mask`` (N,) bool. Optional: ``edge_weight`` (E,) float and
     ``num_classes`` (scalar int; default ``y.max() + 1``). Any other key is ignored.
+    The array headers are read first: a file whose arrays (and the graph built from them)
+    would not fit the memory limit is refused before anything is loaded.
     """
     if not os.path.isfile(path):
         raise InputError(f"npz file not found: {path}")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in NPZ_KEYS if k not in z.files]
-            if missing:
-                raise InputError(f"{path} is missing key '{missing[0]}' (an npz graph needs {', '.join(NPZ_KEYS)})")
-            arrays = {k: z[k] for k in NPZ_KEYS + ("edge_weight", "num_classes") if k in z.files}
-    except InputError:
-        raise
-    except (ValueError, OSError, zlib.error, EOFError) as exc:
-        raise InputError(f"cannot read {path} as .npz: {exc}") from None
+    heads = npz_headers(path)
+    missing = [k for k in NPZ_KEYS if k not in heads]
+    if missing:
+        raise InputError(f"{path} is missing key '{missing[0]}' (an npz graph needs {', '.join(NPZ_KEYS)})")
+    arrays = load_npz_arrays(path, NPZ_KEYS, ("edge_weight", "num_classes"),
+                             _npz_graph_bytes(directed), f"{path} ({_shape_words(heads)})",
+                             heads)
     num_classes = arrays.get("num_classes")
     if num_classes is not None:
         if num_classes.shape != () or not np.issubdtype(num_classes.dtype, np.integer):
@@ -217,16 +322,7 @@ def _ogb_raw_npz(raw: str):
         path = os.path.join(raw, fname)
         if not os.path.isfile(path):
             raise InputError(f"{raw} has data.npz but no {fname}")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                for k in keys:
-                    if k not in z.files:
-                        raise InputError(f"{path} is missing key '{k}'")
-                    arrays[k] = z[k]
-        except InputError:
-            raise
-        except (ValueError, OSError, zlib.error, EOFError) as exc:
-            raise InputError(f"cannot read {path} as .npz: {exc}") from None
+        arrays.update(load_npz_arrays(path, keys, extra_bytes=_ogb_bytes(fname)))
     x = arrays["node_feat"]
     if x.ndim != 2 or not np.issubdtype(x.dtype, np.floating):
         raise InputError(f"{raw}/data.npz: node_feat must be a 2-D float array, got {x.dtype} {x.shape}")
@@ -235,6 +331,14 @@ def _ogb_raw_npz(raw: str):
     if not np.issubdtype(labels.dtype, np.number):
         raise InputError(f"{raw}/node-label.npz: node_label must be numeric, got {labels.dtype}")
     return arrays["edge_index"], x, labels.astype(np.float64), "node-label.npz"
+
+
+def _ogb_bytes(fname: str):
+    """What building the graph from ``data.npz`` needs beyond its arrays (see
+    :func:`_npz_graph_bytes`; OGB keeps features as float32 and labels as float)."""
+    if fname != "data.npz":
+        return None
+    return lambda heads: _npz_graph_bytes(False)({"x": heads["node_feat"], **heads})
 
 
 def _check_node_count(counts: np.ndarray, where: str, n: int) -> None:

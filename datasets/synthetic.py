@@ -15,6 +15,7 @@ import scipy.sparse as sp
 
 from .errors import InputError
 from .graph import Graph, split_masks
+from .limits import check_memory, check_num_classes
 
 _CHUNK = 1 << 22  # edge samples generated per step: bounds the temporaries to ~100 MB
 
@@ -28,6 +29,27 @@ def _streams(seed: int, k: int):
     """``k`` independent generators derived from one seed."""
     _check(isinstance(seed, (int, np.integer)) and seed >= 0, f"seed must be an integer >= 0, got {seed!r}")
     return [np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(k)]
+
+
+def rmat_bytes(scale: int, ef: int, feat: int) -> int:
+    """About the peak bytes :func:`rmat` needs (measured within ~10% at scale 18): per edge
+    sample its uint32 ends, their concatenation, the deduplicated COO/CSR and the int64 result
+    (both directions), ~32 bytes; per vertex the permutation, ``x`` (float32), ``y``, the masks
+    and the row pointers."""
+    n = 1 << int(scale)
+    return 32 * int(ef) * n + n * (4 * int(feat) + 12 + 8 + 3 + 16)
+
+
+def sbm_bytes(n: int, blocks: int, p_in: float, p_out: float, feat: int, directed: bool) -> int:
+    """About the peak bytes :func:`sbm` needs (measured within ~10% at n = 20000): the
+    expected edge count times ~100 bytes (sampled ends, their int64 copies, COO/CSR, both
+    directions), the block-pair tables, and ``x`` (built in float64, ~24 bytes a value)."""
+    n, blocks = int(n), int(blocks)
+    size = n / blocks
+    inside = blocks * size * (size - 1) * p_in
+    across = (n * n - blocks * size * size) * p_out
+    edges = (inside + across) / (1 if directed else 2)
+    return int(100 * edges + 48 * blocks * blocks + n * (24 * int(feat) + 8 * 4 + 3))
 
 
 def _adjacency(src: np.ndarray, dst: np.ndarray, n: int, directed: bool):
@@ -80,6 +102,9 @@ def rmat(scale: int, ef: int, feat: int = 128, classes: int = 16, seed: int = 0,
         _check(0.0 <= p <= 1.0, f"rmat {name} must be a probability in [0, 1], got {p!r}")
     _check(a + b + c <= 1.0, f"rmat needs a + b + c <= 1, got {a + b + c:.6g}")
     n, samples = 1 << int(scale), int(ef) << int(scale)
+    check_num_classes(int(classes), n, "rmat classes", "most classes would have no node")
+    check_memory(rmat_bytes(scale, ef, feat), f"rmat scale={scale} ({n:,} nodes, {samples:,} "
+                 f"edge samples, {int(feat):,} features)")
     edge_rng, perm_rng, x_rng, y_rng, mask_rng = _streams(seed, 5)
     # cumulative quadrant bounds in float32 so that the comparisons stay in float32
     t_a, t_ab, t_abc = (np.float32(v) for v in (a, a + b, a + b + c))
@@ -139,6 +164,8 @@ def sbm(n: int, blocks: int, p_in: float, p_out: float, feat: int = 32, noise: f
     _check(isinstance(feat, (int, np.integer)) and feat >= 1, f"sbm feat must be an integer >= 1, got {feat!r}")
     _check(np.isfinite(noise) and noise >= 0, f"sbm noise must be a finite number >= 0, got {noise!r}")
     n, blocks = int(n), int(blocks)
+    check_memory(sbm_bytes(n, blocks, p_in, p_out, feat, directed),
+                 f"sbm n={n:,} ({blocks:,} blocks, {int(feat):,} features)")
     member_rng, edge_rng, x_rng, mask_rng = _streams(seed, 4)
     sizes = np.full(blocks, n // blocks, dtype=np.int64)
     sizes[: n % blocks] += 1

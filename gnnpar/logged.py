@@ -2,6 +2,8 @@
 rank, the final record, and the saved weights — the same for every mode and algorithm."""
 from __future__ import annotations
 
+import math
+import os
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -22,11 +24,31 @@ def final_metrics(history: List[dict]) -> dict:
             "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history)}
 
 
+def diverged_epoch(history: List[dict]) -> Optional[int]:
+    """The epoch whose loss was NaN or infinite (training stops there), or None."""
+    if history and not math.isfinite(history[-1]["loss"]):
+        return int(history[-1]["epoch"])
+    return None
+
+
 def save_weights(path: str, model, args, shapes: Dict[str, int]) -> None:
-    """Weights plus what rebuilding the model needs (``torch.load(weights_only=True)`` safe)."""
+    """Weights plus what rebuilding the model needs (``torch.load(weights_only=True)`` safe).
+    A file is replaced atomically (written beside it, then renamed), so a failed save leaves
+    the previous one whole."""
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
-    torch.save({"state_dict": weights, "model": args.model, "layers": args.layers,
-                "hidden": args.hidden, **shapes}, path)
+    payload = {"state_dict": weights, "model": args.model, "layers": args.layers,
+               "hidden": args.hidden, **shapes}
+    if os.path.exists(path) and not os.path.isfile(path):  # a device such as /dev/null
+        torch.save(payload, path)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 class EpochProfiler:
@@ -66,9 +88,14 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
     the final record. ``fields`` (algo, world_size, grid, …) are added to every record;
     ``extra_final(history)`` adds fields to the final one. ``ckpt`` (a
     :class:`gnnpar.resume.Checkpointing`) restores before and checkpoints after each epoch;
-    a resumed run appends to its JSON log."""
+    a resumed run cuts its JSON log back to the epochs before the one it resumes at, then
+    appends.
+
+    A NaN or infinite epoch loss (the same on every rank) ends the run: ``fit_fn`` stops after
+    that epoch, whose record is logged but neither checkpointed nor saved (``--save-model``);
+    the final record then has ``diverged_epoch`` (the CLI exits with ``EXIT_DIVERGED``)."""
     start = ckpt.restore() if ckpt is not None else 0
-    log = JsonLog(args.log_json if lead else None, append=start > 0)
+    log = JsonLog(args.log_json if lead else None, resume_epoch=start if start > 0 else None)
     bar = progress(args.epochs - start, desc, lead and not args.quiet)
     prof = EpochProfiler(getattr(args, "profile", None), getattr(args, "profile_dir", "."))
     prof.maybe_start(start)
@@ -81,7 +108,7 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
         log.write({**rec, **fields})
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
-        if ckpt is not None:
+        if ckpt is not None and math.isfinite(rec["loss"]):  # never a checkpoint of NaN weights
             ckpt.after_epoch(rec["epoch"])
 
     try:
@@ -90,8 +117,14 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
         bar.close()
     final = {"final": True, **fields, **final_metrics(history),
              **(extra_final(history) if extra_final else {})}
+    diverged = diverged_epoch(history)
+    if diverged is not None:
+        final["diverged_epoch"] = diverged
+        release = getattr(ckpt, "release", None)
+        if release is not None:  # no checkpoint follows: let go of the folder
+            release()
     log.write(final)
     log.close()
-    if lead and args.save_model:
+    if lead and args.save_model and diverged is None:
         save_weights(args.save_model, model, args, shapes)
     return final

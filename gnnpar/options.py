@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 
 from gnnpar.datasets import InputError
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--profile-dir", default=".", help="folder of the --profile traces")
     o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    from .plan_cli import add_max_memory_arg
+    add_max_memory_arg(d)
     g = p.add_argument_group("distributed full-batch")
     g.add_argument("--algo", default="serial", choices=ALGOS,
                    help="SpMM algorithm; serial = one process, the reference; auto = the "
@@ -106,9 +109,13 @@ def check_algo_flags(args) -> None:
                          f"{', '.join(readers)}; --algo {args.algo} {why}")
 
 
+#: resident memory of one spawned rank before it holds any data (Python, torch, gloo).
+RANK_PROCESS_BYTES = 150 * 2 ** 20
+
+
 def check_args(args) -> None:
     """Refuse values that cannot work, and flags the run would ignore, with the flag's name in
-    the message."""
+    the message; output paths are checked here too, before any work."""
     for name, value in (("layers", args.layers), ("hidden", args.hidden)):
         if value < 1:
             raise InputError(f"--{name} must be >= 1, got {value}")
@@ -116,8 +123,10 @@ def check_args(args) -> None:
         raise InputError(f"--epochs must be >= 0, got {args.epochs}")
     if not 0.0 <= args.dropout < 1.0:
         raise InputError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.lr <= 0:
-        raise InputError(f"--lr must be > 0, got {args.lr}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise InputError(f"--lr must be a finite number > 0, got {args.lr}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise InputError(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     if args.nprocs is not None and args.nprocs < 1:
@@ -127,13 +136,118 @@ def check_args(args) -> None:
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError("--nprocs > 1 needs a distributed --algo (1d, 1d-halo, 1.5d, 2d, 3d, 4d)")
-    if args.timeout <= 0:
-        raise InputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise InputError(f"--timeout must be a finite number > 0 seconds, got {args.timeout}")
     if args.profile is not None and not 0 <= args.profile < args.epochs:
         raise InputError(f"--profile {args.profile} is not an epoch of this run "
                          f"(0..{args.epochs - 1})")
-    if args.profile is not None and os.path.exists(args.profile_dir) \
-            and not os.path.isdir(args.profile_dir):
-        raise InputError(f"--profile-dir {args.profile_dir} exists and is not a folder")
+    from .plan_cli import apply_max_memory, check_model_args
+    check_model_args(args)
+    apply_max_memory(args)
+    check_sizes(args)
+    check_output_paths(args)
     from .resume import check_checkpoint_args
     check_checkpoint_args(args)
+
+
+def check_sizes(args) -> None:
+    """What the flags alone say about memory: the spawned ranks, and the hidden layers'
+    weights with their gradients and Adam state (16 bytes a parameter; at least one input
+    and one output feature), against :func:`gnnpar.datasets.graph.check_memory`."""
+    from gnnpar.datasets.limits import check_memory
+    if args.nprocs:
+        check_memory(args.nprocs * RANK_PROCESS_BYTES,
+                     f"--nprocs {args.nprocs} (a process per rank)")
+    per = 2 if args.model == "sage" else 1
+    params = per * (args.hidden * args.hidden * max(args.layers - 2, 0) + 2 * args.hidden)
+    check_memory(16 * params, f"--hidden {args.hidden} with --layers {args.layers} (weights, "
+                              "gradients and Adam state)")
+
+
+# ---------------------------------------------------------------- output paths
+def _dataset_inputs(args):
+    """(what, path, is_folder) of the file or folder the dataset is read from."""
+    from gnnpar.datasets import DEFAULT_SPEC, parse_spec
+    kind, params = parse_spec(args.dataset or DEFAULT_SPEC)
+    if params.get("path"):
+        return [(f"the dataset ({kind}:{params['path']})", params["path"], False)]
+    if params.get("dir"):
+        return [(f"the dataset ({kind}:{params['dir']})", params["dir"], True)]
+    return []
+
+
+def _inputs(args):
+    """Paths a run reads or owns, which no output file may be or lie inside."""
+    out = _dataset_inputs(args)
+    for flag in ("partition_dir", "checkpoint_dir", "cache_dir"):
+        value = getattr(args, flag, None)
+        if value:
+            out.append((f"--{flag.replace('_', '-')} {value}", value, True))
+    return out
+
+
+def _overlaps(out: str, inp: str, folder: bool = False) -> str:
+    """"overwrite" when ``out`` is ``inp`` (by inode or resolved path), "write into" when it
+    lies inside ``inp``, a folder (``folder``: one, existing or not, gnnpar reads or owns)."""
+    try:
+        if os.path.exists(out) and os.path.exists(inp) and os.path.samefile(out, inp):
+            return "overwrite"
+    except OSError:
+        pass
+    ro, ri = os.path.realpath(out), os.path.realpath(inp)
+    if ro == ri:
+        return "overwrite"
+    inside = ro.startswith(ri.rstrip(os.sep) + os.sep)
+    return "write into" if inside and (folder or os.path.isdir(ri)) else ""
+
+
+def check_output_folder(label: str, folder: str) -> None:
+    """Refuse a folder that is a file, or whose nearest existing ancestor is a file or not
+    writable (missing folders are made when written); ``label`` starts the message."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise InputError(f"{label}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{label}: no permission to write in {probe}")
+
+
+def check_output_file(flag: str, path: str, inputs=()) -> None:
+    """Refuse an output file that cannot be written, or would overwrite an input: a folder, a
+    file we may not write, a parent path that is a file or not writable, or a path that is
+    (or lies inside) one of ``inputs`` (``(what, path, is_folder)``)."""
+    if not path:
+        raise InputError(f"{flag} needs a file path")
+    if os.path.isdir(path):
+        raise InputError(f"{flag} {path} is a folder; give a file path")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise InputError(f"{flag} {path}: no permission to write this file")
+    for what, inp, folder in inputs:
+        how = _overlaps(path, inp, folder)
+        if how:
+            raise InputError(f"{flag} {path} would {how} {what}; give another path")
+    if not os.path.exists(path) or os.path.isfile(path):  # not a device such as /dev/stdout
+        check_output_folder(f"{flag} {path}", os.path.dirname(os.path.abspath(path)))
+
+
+def check_output_paths(args) -> None:
+    """``--log-json``, ``--save-model`` and ``--profile-dir`` (with ``--profile``), checked
+    before any work, so a finished run never fails at writing its results."""
+    inputs = _inputs(args)
+    outputs = [(f"--{flag.replace('_', '-')}", getattr(args, flag)) for flag in
+               ("log_json", "save_model") if getattr(args, flag, None) is not None]
+    for flag, path in outputs:
+        check_output_file(flag, path, inputs)
+    if len(outputs) == 2:
+        first = outputs[0][1]
+        device = os.path.exists(first) and not os.path.isfile(first)  # /dev/null twice is fine
+        if not device and _overlaps(first, outputs[1][1]) == "overwrite":
+            raise InputError(f"--log-json and --save-model name the same file ({first}); "
+                             "give two paths")
+    if args.profile is not None:
+        check_output_folder(f"--profile-dir {args.profile_dir}", args.profile_dir)
+        for what, inp, folder in inputs:
+            if _overlaps(args.profile_dir, inp, folder):
+                raise InputError(f"--profile-dir {args.profile_dir} would write into {what}; "
+                                 "give another folder")

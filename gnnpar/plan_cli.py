@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import math
+import os
 import sys
 
 from gnnpar.datasets import InputError
@@ -20,16 +21,54 @@ from gnnpar.datasets import InputError
 from .cli_common import run_cli
 
 PROG = "gnnpar-plan"
-_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-          "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+#: most ranks a plan is made for: ranking every grid of a world size takes time and memory
+#: in proportion to it (and to its number of factorisations), and no machine has more.
+MAX_WORLD = 1 << 20
 
 
 def parse_bytes(text: str) -> float:
     """'80GB', '16GiB', '2e9' → bytes."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise InputError(f"cannot read a byte size from {text!r} (use e.g. 80GB, 16GiB, 2e9)")
-    return float(m.group(1)) * _UNITS[m.group(2).upper()]
+    from gnnpar.datasets.limits import parse_bytes as parse
+    return parse(text)
+
+
+def add_max_memory_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="largest memory an input may need before it is refused, e.g. 64GiB "
+                        "(default: env GNNPAR_MAX_BYTES, else 80%% of this machine's memory)")
+
+
+def apply_max_memory(args) -> None:
+    """``--max-memory``: checked, and put in the environment, where the size checks (and
+    spawned ranks) read it."""
+    if getattr(args, "max_memory", None) is None:
+        return
+    from gnnpar.datasets.limits import MAX_BYTES_ENV
+    value = parse_bytes(args.max_memory)
+    if value <= 0:
+        raise InputError(f"--max-memory must be > 0, got {args.max_memory}")
+    os.environ[MAX_BYTES_ENV] = repr(float(value))
+
+
+def _positive_finite(flag: str, value) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InputError(f"{flag} must be a finite number > 0, got {value}")
+
+
+def check_model_args(args) -> None:
+    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto)."""
+    _positive_finite("--bandwidth", args.bandwidth)
+    _positive_finite("--latency", args.latency)
+    if args.mem_cap is not None and parse_bytes(args.mem_cap) <= 0:
+        raise InputError(f"--mem-cap must be > 0, got {args.mem_cap}")
+
+
+def check_world(world: int, flag: str = "--world") -> None:
+    """Refuse a world size the ranking cannot handle (see :data:`MAX_WORLD`): it enumerates
+    every factorisation and builds a ``world``-entry array for each grid."""
+    if world > MAX_WORLD:
+        raise InputError(f"{flag} must be at most {MAX_WORLD:,} ranks (the ranking takes time "
+                         f"and memory in proportion to the world size), got {world:,}")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -56,6 +95,7 @@ def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, worl
     from gnnpar.kernels.cost_model import rank_algorithms
     if min(n, m, f_in, hidden, classes, layers, world) < 1:
         raise InputError("nodes, edges, features, hidden, classes, layers and world must be >= 1")
+    check_world(world)
     widths = [f_in] + [hidden] * (layers - 1) + [classes]
     cap = parse_bytes(args.mem_cap) if args.mem_cap else None
     return rank_algorithms(n, m, widths, world, kind=model, mem_cap=cap,
@@ -90,12 +130,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per row instead")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     add_model_args(p)
+    add_max_memory_arg(p)
     return p
 
 
 def run(args) -> int:
     if args.dataset is None and (args.nodes is None or args.edges is None):
         raise InputError("give --dataset SPEC, or --nodes N and --edges M")
+    apply_max_memory(args)
+    check_model_args(args)
+    if args.world < 1:
+        raise InputError(f"--world must be >= 1, got {args.world}")
+    check_world(args.world)  # before a dataset is loaded
+    if args.cut_fraction is not None and not 0.0 <= args.cut_fraction <= 1.0:
+        raise InputError(f"--cut-fraction must be in [0, 1], got {args.cut_fraction}")
+    if args.top < 1:
+        raise InputError(f"--top must be >= 1, got {args.top}")
     if args.dataset is not None:
         from gnnpar.datasets import load_dataset
         g = load_dataset(args.dataset)

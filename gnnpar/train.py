@@ -12,7 +12,8 @@ torchrun (one node, 4 ranks; shards written beforehand by gnnpar-partition)::
 
     torchrun --nproc-per-node 4 -m gnnpar.train --algo 2d --grid 2x2 --partition-dir shards/
 
-Also ``python -m gnnpar.train ...``. Exit codes: 0 success, 2 bad input, 1 internal error.
+Also ``python -m gnnpar.train ...``. Exit codes: 0 success, 2 bad input, 1 internal error,
+4 training diverged (the loss became NaN or infinite; see ``cli_common.EXIT_DIVERGED``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 
-from .cli_common import run_cli
+from .cli_common import EXIT_DIVERGED, run_cli
 from .logged import train_logged
 from .models import build_model
 from .options import build_parser, check_args
@@ -49,15 +50,12 @@ def run(args) -> int:
     from .dist_train import run_distributed
     minibatch = args.mode == "minibatch"
     if (args.algo != "serial" or minibatch) and (args.nprocs or detect_world().launched):
-        final = run_distributed(args)
-        _print_final(final, args.quiet)
-        return 0
+        return _finish(run_distributed(args), args)
     if args.algo != "serial":
         raise InputError(f"--algo {args.algo} needs --nprocs N or a launcher (torchrun, srun)")
     if minibatch:
         from .sampling.run import run_serial_cli
-        _print_final(run_serial_cli(args, device), args.quiet)
-        return 0
+        return _finish(run_serial_cli(args, device), args)
     torch.manual_seed(args.seed)
     graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
                          cache_dir=args.cache_dir)
@@ -74,8 +72,22 @@ def run(args) -> int:
                          model, args, {"algo": "serial", "world_size": 1, "grid": [1]}, True,
                          "train", {"f_in": graph.num_features, "f_out": graph.num_classes},
                          ckpt=ckpt)
+    return _finish(final, args)
+
+
+def _finish(final: dict, args) -> int:
+    """Print the final metrics; the exit code: 0, or EXIT_DIVERGED with one line saying so."""
     _print_final(final, args.quiet)
-    return 0
+    epoch = final.get("diverged_epoch")
+    if epoch is None:
+        return 0
+    skipped = [what for flag, what in (("save_model", "--save-model not written"),
+                                       ("checkpoint_dir", "that epoch not checkpointed"))
+               if getattr(args, flag, None)]
+    print(f"gnnpar-train: training diverged at epoch {epoch} (loss {final.get('loss')}); "
+          f"stopped{''.join(', ' + w for w in skipped)}; lower --lr or scale the input features",
+          file=sys.stderr)
+    return EXIT_DIVERGED
 
 
 def _print_final(final: dict, quiet: bool) -> None:

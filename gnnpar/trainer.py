@@ -15,6 +15,7 @@ and divides by the global count, so the summed gradients equal the serial ones e
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
@@ -104,6 +105,8 @@ def fit(model, rt, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], None]] 
     """Train ``model`` on runtime ``rt``; calls ``on_epoch(record)`` after every epoch.
 
     Returns the list of epoch records (fields of DESIGN.md's JSON log, minus run-level ones).
+    An epoch whose global loss is NaN or infinite (the same on every rank) is the last: its
+    record is made and passed on, then training stops (the run has diverged).
     """
     opt = opt or make_optimizer(model, cfg)
     train_count = float(rt.all_reduce_sum(rt.masks["train"].sum().to(torch.float64)))
@@ -126,6 +129,8 @@ def fit(model, rt, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], None]] 
         history.append(rec)
         if on_epoch is not None:
             on_epoch(rec)
+        if not math.isfinite(loss):  # diverged: every rank sees the same global loss
+            break
     return history
 
 

@@ -31,6 +31,7 @@ layer, no sampling and no gradient — the accuracies are those of the full-batc
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Optional
 
@@ -107,7 +108,8 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
                   opt=None):
     """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_rt`` is a full-batch runtime
     (``op``, ``x``, ``y``, ``masks``, ``all_reduce_sum``) used only to evaluate. Returns the
-    epoch records (DESIGN.md's fields plus the sampling ones)."""
+    epoch records (DESIGN.md's fields plus the sampling ones). Stops after an epoch whose
+    (global) loss is NaN or infinite, on every rank at once."""
     opt = opt or make_optimizer(model, cfg)
     engine.comm_stats()
     service.start(start_epoch, cfg.epochs)
@@ -133,6 +135,8 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
             history.append(rec)
             if on_epoch is not None:
                 on_epoch(rec)
+            if not math.isfinite(rec["loss"]):  # diverged: the loss is global, all ranks stop
+                break
     finally:
         service.close()
     return history

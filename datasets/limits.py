@@ -1,0 +1,113 @@
+"""Size limits: every estimate of the memory an input needs is judged in one place
+(:func:`check_memory`) before the work starts, so a spec like ``rmat:scale=31`` or an npz
+header claiming 10^12 rows is refused with exit 2 naming the size instead of exhausting the
+machine. The limit is ``--max-memory`` / ``GNNPAR_MAX_BYTES``, else 80 % of this machine's
+memory."""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Tuple
+
+from .errors import InputError
+
+#: environment variable holding the memory limit in bytes (``gnnpar-train --max-memory`` sets it,
+#: so spawned ranks inherit it); units are accepted too: ``64GiB``, ``2e11``.
+MAX_BYTES_ENV = "GNNPAR_MAX_BYTES"
+#: share of this machine's memory (physical RAM or the cgroup limit, the smaller) that an input
+#: may need before it is refused, when no limit is set.
+DEFAULT_MEMORY_SHARE = 0.8
+#: a graph may have more classes than nodes (small test graphs), but not more than this many
+#: beyond its node count: a larger label is an id that was never remapped to 0..C-1.
+MAX_CLASSES_FLOOR = 1 << 16
+
+_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "PB": 1e15,
+          "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40, "PIB": 2 ** 50}
+
+
+def parse_bytes(text: str) -> float:
+    """'80GB', '16GiB', '2e9' → bytes (a finite number >= 0)."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
+    value = None
+    if m and m.group(2).upper() in _UNITS:
+        try:
+            value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value):
+        raise InputError(f"cannot read a byte size from {text!r} (use e.g. 80GB, 16GiB, 2e9)")
+    return value
+
+
+def format_bytes(nbytes: float) -> str:
+    """1536 → '1.5 KiB'; any size, however large."""
+    value, unit = float(nbytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(value) < 1024 or unit == "EiB":
+            break
+        value /= 1024
+    return f"{int(value)} B" if unit == "B" else (
+        f"{value:.1f} {unit}" if value < 1e6 else f"{value:.3g} {unit}")
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: physical RAM, or the cgroup limit when smaller
+    (0 when neither can be read)."""
+    total = 0
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemTotal:"):
+                        total = int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    for cg in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(cg) as f:
+                limit = int(f.read().strip())
+        except (OSError, ValueError):  # absent, or "max"
+            continue
+        if 0 < limit < (total or limit + 1):
+            total = limit
+    return max(total, 0)
+
+
+def memory_limit() -> Tuple[float, str]:
+    """(bytes an input may need, where that limit comes from)."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if text:
+        try:
+            return parse_bytes(text), f"set by --max-memory / {MAX_BYTES_ENV}"
+        except InputError:
+            raise InputError(f"{MAX_BYTES_ENV}={text!r} is not a byte size "
+                             "(use e.g. 80GB, 16GiB, 2e9)") from None
+    total = machine_memory()
+    if total <= 0:
+        return math.inf, "unknown machine memory"
+    return DEFAULT_MEMORY_SHARE * total, (f"{DEFAULT_MEMORY_SHARE:.0%} of this machine's "
+                                          f"{format_bytes(total)}")
+
+
+def check_memory(nbytes: float, what: str) -> None:
+    """Refuse work whose estimated memory ``nbytes`` is over :func:`memory_limit`, naming
+    ``what`` needs it and how to raise the limit. The one place every size estimate is judged."""
+    limit, source = memory_limit()
+    if nbytes > limit:
+        raise InputError(f"{what} needs about {format_bytes(nbytes)} of memory, over the limit of "
+                         f"{format_bytes(limit)} ({source}); if the machine really has that much, "
+                         f"raise it with --max-memory SIZE or {MAX_BYTES_ENV}=SIZE")
+
+
+def check_num_classes(num_classes: int, n: int, where: str = "num_classes",
+                      hint: str = "labels must be class ids 0..C-1 (remap them, e.g. with "
+                                  "np.unique(y, return_inverse=True))") -> None:
+    """Refuse a class count far beyond the node count (a label that is no class id): the
+    output layer and its logits grow with it."""
+    cap = max(int(n), MAX_CLASSES_FLOOR)
+    if num_classes > cap:
+        raise InputError(f"{where} {num_classes:,} is more than the node count ({n:,}) and "
+                         f"{MAX_CLASSES_FLOOR:,}: {hint}")
