@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -22,10 +21,12 @@ from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
 from .logged import train_logged
 from .models import build_model
 from .resume import Checkpointing, run_meta
+from .scratch import make_scratch_dir, remove_stale_scratch_dirs
 from .watchdog import EXIT_PREEMPTED
 from .trainer import TrainConfig, fit, make_optimizer
 
 DEFAULT_PARTITIONER = "metis"
+SHARDS_PREFIX = "gnnpar-shards-"  # temporary shards of a --nprocs run without --partition-dir
 
 
 def grid_dims(args):
@@ -115,7 +116,8 @@ def resolve_auto(args, world: int):
 
 def prepare_shards(args, world: int, graph=None):
     """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them; returns
-    the folder and whether it is a temporary one made here (the caller removes it)."""
+    the folder and whether it is a temporary one made here (``shards/`` inside a
+    :mod:`~gnnpar.scratch` folder: the caller removes that folder, its parent)."""
     from gnnpar.partitioners import partition_graph, write_shards
     from gnnpar.partitioners.shards import check_shard_folder, dataset_source, read_meta
     out = args.partition_dir
@@ -131,7 +133,9 @@ def prepare_shards(args, world: int, graph=None):
         check_shard_folder(out, "--partition-dir")  # refused before anything is loaded
     source = dataset_source(args.dataset or DEFAULT_SPEC, args.directed)
     temporary = not out
-    out = out or tempfile.mkdtemp(prefix="gnnpar-shards-")
+    if temporary:  # shards/ inside a scratch folder that records its owner
+        remove_stale_scratch_dirs(SHARDS_PREFIX, allow_dirs=True)
+        out = os.path.join(make_scratch_dir(SHARDS_PREFIX), "shards")
     try:
         graph = graph if graph is not None else _load(args)
         if not args.quiet:
@@ -142,7 +146,7 @@ def prepare_shards(args, world: int, graph=None):
                      what="--partition-dir" if not temporary else "shard folder")
     except BaseException:
         if temporary:  # every way out: no gnnpar-shards-* is left in $TMPDIR
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(out), ignore_errors=True)
         raise
     args.shards_checked = out
     return out, temporary
@@ -241,7 +245,7 @@ def _spawn_local(args, backend: str, graph=None) -> dict:
         raise RuntimeError(first) from None
     finally:
         if temporary:
-            shutil.rmtree(shard_dir, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(shard_dir), ignore_errors=True)
 
 
 def _join_launched(args, info, backend: str) -> dict:

@@ -4,6 +4,12 @@ Each child initialises a ``torch.distributed`` process group (gloo by default) t
 file store in a private temporary folder, so no port can collide. A child's exception comes
 back to the parent with its traceback; if one child fails or dies, the others are killed and
 the parent raises :class:`SpawnError` naming the failed rank. No child outlives the call.
+
+**The rendezvous folder** ``$TMPDIR/gnnpar-rdzv-<pid>-<random>`` (``<pid>``: the parent's) is
+removed on every way out the parent controls: return, a failed or SIGKILLed rank, SIGTERM
+(passed on to the ranks, then removed once they are gone) and SIGINT. A parent that is itself
+SIGKILLed cannot remove it; the next :func:`spawn` on that host removes such stale folders
+(:mod:`gnnpar.scratch`: only folders provably gnnpar's whose owner process is gone).
 """
 from __future__ import annotations
 
@@ -11,12 +17,14 @@ import datetime
 import multiprocessing as mp
 import os
 import queue as queue_mod
+import shutil
 import signal
-import tempfile
 import threading
 import time
 import traceback
 from typing import Any, Callable, List, Optional, Sequence
+
+from .scratch import OWNER_FILE, make_scratch_dir, remove_stale_scratch_dirs  # noqa: F401
 
 
 class SpawnError(RuntimeError):
@@ -69,38 +77,90 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
     threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="gnnpar-rdzv-") as tmp:
+    remove_stale_rdzv_dirs()
+    procs: list = []
+    sigterm = _SigtermForwarder(procs)  # before the folder exists: no SIGTERM can strand it
+    tmp = None
+    try:
+        tmp = make_rdzv_dir()
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_child, daemon=True,
-                             args=(fn, r, nprocs, store, backend, timeout_s, threads, args, results))
-                 for r in range(nprocs)]
-        for p in procs:
-            p.start()
-        forward = _forward_sigterm(procs)
         try:
+            for r in range(nprocs):
+                procs.append(ctx.Process(target=_child, daemon=True,
+                                         args=(fn, r, nprocs, store, backend, timeout_s,
+                                               threads, args, results)))
+                procs[-1].start()
+            sigterm.started()
             return _collect(procs, results, nprocs, timeout_s)
         finally:
-            forward()
             for p in procs:
                 if p.is_alive():
                     p.kill()
             for p in procs:
                 p.join(5)
+    finally:  # runs even when a second Ctrl-C interrupts the cleanup above
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        sigterm.restore()
 
 
-def _forward_sigterm(procs):
+class _SigtermForwarder:
     """While the ranks run, pass SIGTERM (SLURM preemption) on to them, so each can write
-    its checkpoint; returns the function that restores the previous handler."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+    its checkpoint (the parent cleans up once they are gone). A SIGTERM that came while the
+    ranks were starting reaches them all once started; one that no rank could take (none left)
+    is delivered to this process again by :meth:`restore`, after the cleanup, under the
+    previous handler."""
 
-    def handler(signum, frame):
-        for p in procs:
-            if p.is_alive():
+    def __init__(self, procs):
+        self.procs = procs
+        self.starting = True
+        self.pending = False
+        self.installed = threading.current_thread() is threading.main_thread()
+        if self.installed:
+            self.old = signal.signal(signal.SIGTERM, self._handle)
+
+    def _forward(self) -> int:
+        live = [p for p in self.procs if p.pid is not None and p.exitcode is None]
+        for p in live:
+            try:
                 os.kill(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        return len(live)
 
-    old = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, old)
+    def _handle(self, signum, frame) -> None:
+        if self._forward() == 0 or self.starting:
+            self.pending = True
+
+    def started(self) -> None:
+        """All ranks started: pass on a SIGTERM that came while they were starting."""
+        self.starting = False
+        if self.pending and self._forward():
+            self.pending = False
+
+    def restore(self) -> None:
+        if not self.installed:
+            return
+        self.installed = False
+        # None: a handler not set from Python; the default is the nearest we can restore
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if self.old is None else self.old)
+        if self.pending:
+            signal.raise_signal(signal.SIGTERM)
+
+
+# ---------------------------------------------------------------- the rendezvous folder
+RDZV_PREFIX = "gnnpar-rdzv-"
+
+
+def make_rdzv_dir() -> str:
+    """A new private ``$TMPDIR/gnnpar-rdzv-<pid>-<random>`` with its owner file."""
+    return make_scratch_dir(RDZV_PREFIX)
+
+
+def remove_stale_rdzv_dirs(root: Optional[str] = None) -> List[str]:
+    """Remove rendezvous folders left by gnnpar parents that were killed (see
+    :func:`gnnpar.scratch.remove_stale_scratch_dirs`); returns the paths removed."""
+    return remove_stale_scratch_dirs(RDZV_PREFIX, root)
 
 
 def _collect(procs, results, nprocs, timeout_s):

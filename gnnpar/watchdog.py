@@ -11,8 +11,11 @@ seconds is declared lost: the first rank to notice writes a verdict key, prints:
 and leaves with ``os._exit(3)``; the other ranks read the verdict and print the same line
 (with their own rank) at their next beat, so everyone names the same culprit. When the
 store's host dies (rank 0 under ``tcp://`` rendezvous), the store itself fails, which names
-that rank. Optional stall detection (``stall_timeout``) names a rank that is alive but makes
-no progress while others wait for it ("hung").
+that rank. A rank that finishes cleanly (:meth:`Watchdog.stop`) stores ``done`` as its last
+beat and then a write-once key ``gnnpar/watchdog/done/<rank>``; a done peer is never reported
+lost, and the store's owner waits for every peer's ``done`` key before it leaves. Optional
+stall detection (``stall_timeout``) names a rank that is alive but makes no progress while
+others wait for it ("hung").
 
 A collective usually fails *before* the heartbeat goes stale (gloo sees the closed socket
 at once, with a message that names no rank). Wrap the training loop in :meth:`Watchdog.guard`:
@@ -95,6 +98,10 @@ class Watchdog:
         self._dying = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        # Held across building *and* storing a beat, so beats land in the order they were
+        # built: a beat the thread built before stop() can never overwrite the "done" beat.
+        self._publish_lock = threading.Lock()
+        self._finished = threading.Event()  # stop() began: this rank finished, raise no alarm
         self._seen: Dict[int, tuple] = {}
         self._changed: Dict[int, float] = {}
         self._progress_changed = 0.0
@@ -161,24 +168,48 @@ class Watchdog:
             raise
 
     def stop(self) -> None:
-        """Mark this rank done and stop beating. The store's owner first waits (up to
-        ``timeout``) for its peers to finish, so the store outlives their last beat."""
+        """Mark this rank done and stop beating.
+
+        Order matters: the ``done`` beat is the last one this rank stores (beats are stored
+        in the order they are built), then the write-once ``done/<rank>`` key tells every
+        checker that this rank's silence from now on is a clean finish, not a loss. From
+        here on, this rank's own thread raises no alarm (a store that vanishes is the owner
+        that finished too). The store's owner then waits (up to ``timeout``) until every
+        peer's ``done`` key is there, so the store outlives its peers' last use of it.
+        """
         if self._thread is None:
             return
+        self._finished.set()
         with self._lock:
             self._state = "done"
         try:
-            self._publish()
+            if self._publish_lock.acquire(timeout=self.interval * 4 + 5):
+                try:
+                    self._publish_locked()
+                finally:
+                    self._publish_lock.release()
+            self.store.set(self._done_key(self.rank), str(self._beat))
         except Exception:  # noqa: BLE001 - the store may already be gone at shutdown
             pass
         if self.rank == self.store_owner:
-            deadline = time.monotonic() + self.timeout
-            while time.monotonic() < deadline and self._thread.is_alive() \
-                    and len(self._done) < self.world_size - 1:
-                time.sleep(self.interval / 2)
+            self._await_peers_done()
         self._stop.set()
         self._thread.join(self.interval * 4 + 5)
         self._thread = None
+
+    def _await_peers_done(self) -> None:
+        """(store owner) Keep the store up until every peer wrote its ``done`` key, up to
+        ``timeout``; a peer lost meanwhile is named by the still-running thread."""
+        pending = [r for r in range(self.world_size) if r != self.rank]
+        deadline = time.monotonic() + self.timeout
+        while pending and time.monotonic() < deadline and self._thread.is_alive():
+            try:
+                pending = [r for r in pending
+                           if r not in self._done and not self.store.check([self._done_key(r)])]
+            except Exception:  # noqa: BLE001 - our own store failing: nothing left to keep up
+                return
+            if pending:
+                time.sleep(min(self.interval / 2, 0.1))
 
     def __enter__(self) -> "Watchdog":
         return self.start()
@@ -190,7 +221,14 @@ class Watchdog:
     def _key(self, rank: int) -> str:
         return f"{self.prefix}/{rank}"
 
+    def _done_key(self, rank: int) -> str:
+        return f"{self.prefix}/done/{rank}"
+
     def _publish(self) -> None:
+        with self._publish_lock:
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
         with self._lock:
             self._beat += 1
             value = f"{self._beat}:{self._progress}:{self._state}:{self._phase}"
@@ -204,14 +242,25 @@ class Watchdog:
             except SystemExit:
                 raise
             except Exception as e:  # noqa: BLE001 - a failing store is itself a diagnosis
-                if self._stop.is_set():
-                    return
+                if self._stop.is_set() or self._finished.is_set():
+                    return  # finished: the store's owner may have finished and left too
                 self._store_failed(e)
             if self._parent is not None and os.getppid() != self._parent:
                 self._die(f"gnnpar: rank {self.rank}: its launcher (pid {self._parent}) is "
                           "gone", write=False)
 
+    def _is_done(self, r: int) -> bool:
+        """Peer ``r`` finished cleanly (its write-once ``done`` key exists)."""
+        if r in self._done:
+            return True
+        if self.store.check([self._done_key(r)]):
+            self._done.add(r)
+            return True
+        return False
+
     def _tick(self, now: float) -> None:
+        if self._finished.is_set() and self.rank != self.store_owner:
+            return  # this rank finished cleanly: it judges no one any more (stop() follows)
         verdict = f"{self.prefix}/verdict"
         if self.store.check([verdict]):
             message = self.store.get(verdict).decode()
@@ -232,7 +281,7 @@ class Watchdog:
                     self._done.add(r)
                     continue
             silent = now - self._changed[r]
-            if silent > self.timeout:
+            if silent > self.timeout and not self._is_done(r):
                 phase = self._seen[r][3] if r in self._seen else "startup (never started)"
                 self._die(f"gnnpar: rank {r} lost during {phase} "
                           f"(no heartbeat for {silent:.0f} s)", lost=r)
@@ -249,6 +298,8 @@ class Watchdog:
         stalled = now - self._progress_changed
         if stalled <= self.stall_timeout:
             return
+        if any(self._is_done(r) for r in progress if r != self.rank):
+            return  # a peer finished meanwhile (its last beat may be in flight): look again
         laggards = sorted(r for r, p in progress.items() if p < top)
         phases = {r: (self._seen[r][3] if r != self.rank else self._phase) for r in progress}
         if laggards:

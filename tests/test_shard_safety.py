@@ -17,6 +17,7 @@ from gnnpar.partitioners.shards import check_shard_folder, dataset_source, part_
 
 from .cli_util import ROOT
 
+
 SPEC = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02"
 OTHER = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02,seed=1"
 
@@ -379,3 +380,24 @@ def test_prepare_shards_removes_its_temporary_folder_on_any_failure(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         dist_train.prepare_shards(args, 2)
     assert os.listdir(tmp_path) == []
+
+
+def test_temporary_shards_of_a_killed_run_are_removed_by_the_next(tmp_path, monkeypatch):
+    """A SIGKILLed --nprocs parent cannot remove its temporary shards; the next run does (its
+    owner file names a process that is gone), and keeps a live process's folder."""
+    import tempfile
+    from gnnpar import dist_train
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code = ("import os, signal\nfrom gnnpar.scratch import make_scratch_dir\n"
+            "os.makedirs(os.path.join(make_scratch_dir('gnnpar-shards-'), 'shards', 'part-00000'))\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    [dead] = os.listdir(tmp_path)
+    from gnnpar.scratch import make_scratch_dir
+    live = os.path.basename(make_scratch_dir("gnnpar-shards-"))
+    args = _args(dataset=SPEC, quiet=True, partitioner="block", seed=0)
+    out, temporary = dist_train.prepare_shards(args, 2)
+    assert temporary and os.path.basename(out) == "shards"
+    names = set(os.listdir(tmp_path))
+    assert dead not in names and live in names and os.path.basename(os.path.dirname(out)) in names

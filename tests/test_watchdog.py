@@ -1,10 +1,13 @@
 """gnnpar.watchdog: SIGKILL of one rank mid-loop makes every other rank exit non-zero within
 timeout + 30 s naming the lost rank and its phase, with no process left; a hung rank is named;
-a clean finish raises no alarm; SIGTERM on one rank checkpoints on all, then exit 143."""
+a clean finish raises no alarm (not even when a rank stops while its last "run" beat is in
+flight, or when its peers finished long before the store's owner); SIGTERM on one rank
+checkpoints on all, then exit 143."""
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -94,8 +97,12 @@ def test_hung_rank_is_named(tmp_path):
         assert "gnnpar: rank 1 hung during epoch 2/forward" in err, (r, err)
 
 
-def test_clean_finish_raises_no_alarm(tmp_path):
-    procs = launch(3, init_method("tcp", tmp_path), tmp_path, "finish")
+@pytest.mark.parametrize("mode", ["finish", "finish-inflight"])
+def test_clean_finish_raises_no_alarm(tmp_path, mode):
+    """Ranks 1 and 2 finish and leave; rank 0 (the store's host) lingers past the timeout.
+    finish-inflight: ranks 1 and 2 stop while a "run" beat is in flight (it used to land after
+    "done", and rank 0 then exited 3 naming a rank that had finished)."""
+    procs = launch(3, init_method("tcp", tmp_path), tmp_path, mode)
     results = finish(procs, 60)
     for r, (code, err) in enumerate(results):
         assert code == 0, (r, code, err)
@@ -141,6 +148,77 @@ class FakeStore:
 
     def get(self, k):
         return self.d[k]
+
+
+class BeatInFlightStore(FakeStore):
+    """Every beat of a watchdog thread takes 1 s to land (a busy store, a descheduled
+    thread); ``in_flight`` is set when one starts."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_flight = threading.Event()
+
+    def set(self, k, v):
+        if threading.current_thread().name.startswith("gnnpar-watchdog"):
+            self.in_flight.set()
+            time.sleep(1.0)
+        super().set(k, v)
+
+
+def tame(wd):
+    """``wd.alarms`` collects the verdicts that would end the process (not pytest's)."""
+    wd.alarms = []
+    wd._die = lambda verdict, write=True, lost=-1: wd.alarms.append(verdict)
+    return wd
+
+
+def checker(store, rank=0, world=2):
+    """A watchdog driven by hand (no thread), 0.5 s timeout."""
+    wd = tame(Watchdog(rank, world, store=store, timeout=0.5, interval=0.1, store_owner=None))
+    wd._changed = {r: time.monotonic() for r in range(world) if r != rank}
+    return wd
+
+
+def test_a_beat_in_flight_never_lands_after_done():
+    store = BeatInFlightStore()
+    finisher = tame(Watchdog(1, 2, store=store, timeout=30, interval=0.1, store_owner=None))
+    finisher.start()
+    store.in_flight.clear()
+    assert store.in_flight.wait(5)
+    finisher.stop()  # races the beat in flight: "done" must still be the last one stored
+    assert store.d["gnnpar/watchdog/1"].decode().split(":")[2] == "done"
+    assert "gnnpar/watchdog/done/1" in store.d
+    wd = checker(store)
+    now = time.monotonic()
+    wd._tick(now)
+    wd._tick(now + 5)  # long past the timeout
+    assert wd.alarms == [] and wd._done == {1}
+
+
+def test_a_done_key_outweighs_a_stale_run_beat():
+    store = FakeStore()
+    store.set("gnnpar/watchdog/1", "7:12:run:epoch 4/backward")
+    store.set("gnnpar/watchdog/done/1", "8")
+    wd = checker(store)
+    now = time.monotonic()
+    wd._tick(now)
+    wd._tick(now + 5)
+    assert wd.alarms == [] and wd._done == {1}
+    store.set("gnnpar/watchdog/2", "7:12:run:epoch 4/backward")  # no done key: lost
+    wd = checker(store, world=3)
+    wd._done = {1}
+    wd._tick(now)
+    wd._tick(now + 5)
+    assert len(wd.alarms) == 1 and "rank 2 lost during epoch 4/backward" in wd.alarms[0]
+
+
+def test_store_owner_waits_for_its_peers_done_keys():
+    store = FakeStore()
+    owner = tame(Watchdog(0, 2, store=store, timeout=8, interval=0.1, store_owner=0)).start()
+    threading.Timer(0.5, store.set, ("gnnpar/watchdog/done/1", "3")).start()
+    t0 = time.monotonic()
+    owner.stop()  # rank 1 never beat: only its done key says it finished
+    assert 0.4 < time.monotonic() - t0 < 5 and owner.alarms == []
 
 
 def test_sigterm_hook_without_process_group_and_uninstall():
