@@ -43,17 +43,19 @@ def check_writable_folder(folder: str, what: str) -> None:
     probe = folder
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe.rstrip(os.sep)) or "."
+    if probe != folder and not os.path.isdir(probe):
+        raise InputError(f"{what} {folder}: {probe} is not a folder")
     if not os.access(probe or ".", os.W_OK | os.X_OK):
         raise InputError(f"{what} {folder}: no permission to write in {probe or '.'}")
 
 
-def claim(folder: str, kind: str, identity: Optional[Mapping[str, Any]] = None,
-          what: Optional[str] = None) -> dict:
-    """Make ``folder`` gnnpar's ``kind`` output folder (see the module docstring); returns
-    its marker. ``what`` names the folder in messages (e.g. ``"--checkpoint-dir"``)."""
-    what = what or f"{kind} folder"
+def check_claimable(folder: str, kind: str, what: str) -> Optional[dict]:
+    """Refuse, writing nothing, what :func:`claim` would refuse (a file, a parent that is a
+    file, no write permission, files gnnpar did not write, another kind's marker); returns
+    the folder's marker, or None when it has none yet."""
     check_writable_folder(folder, what)
-    os.makedirs(folder, exist_ok=True)
+    if not os.path.isdir(folder):
+        return None
     found = read_claim(folder)
     if found is None:
         others = sorted(e for e in os.listdir(folder) if e != MARKER)
@@ -61,13 +63,24 @@ def claim(folder: str, kind: str, identity: Optional[Mapping[str, Any]] = None,
             shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
             raise InputError(f"{what} {folder} holds files gnnpar did not write ({shown}); "
                              "give an empty or new folder")
+    elif found.get("kind") != kind:
+        raise InputError(f"{what} {folder} holds gnnpar {found.get('kind')}, not {kind}; "
+                         "give another folder")
+    return found
+
+
+def claim(folder: str, kind: str, identity: Optional[Mapping[str, Any]] = None,
+          what: Optional[str] = None) -> dict:
+    """Make ``folder`` gnnpar's ``kind`` output folder (see the module docstring); returns
+    its marker. ``what`` names the folder in messages (e.g. ``"--checkpoint-dir"``)."""
+    what = what or f"{kind} folder"
+    found = check_claimable(folder, kind, what)
+    os.makedirs(folder, exist_ok=True)
+    if found is None:
         found = {"tool": "gnnpar", "kind": kind,
                  "identity": dict(identity) if identity is not None else None}
         write_marker(folder, found)
         return found
-    if found.get("kind") != kind:
-        raise InputError(f"{what} {folder} holds gnnpar {found.get('kind')}, not {kind}; "
-                         "give another folder")
     if identity is not None:
         check_identity(folder, found, identity, what)
     return found

@@ -36,7 +36,7 @@ import warnings
 from typing import Optional
 
 from gnnpar.datasets import InputError
-from gnnpar.datasets.owned import MARKER, write_marker, check_writable_folder, claim, read_claim
+from gnnpar.datasets.owned import check_claimable, check_writable_folder, claim, read_claim, write_marker
 
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
                          agree_on_step, capture_rng, file_name, list_steps, load_step,
@@ -258,24 +258,7 @@ def check_checkpoint_args(args) -> None:
     folder = args.checkpoint_dir
     if not folder:
         return
-    probe = os.path.abspath(folder)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    if probe != os.path.abspath(folder) and not os.path.isdir(probe):
-        raise InputError(f"{WHAT} {folder}: {probe} is not a folder")
-    check_writable_folder(folder, WHAT)
-    if not os.path.isdir(folder):
-        return
-    found = read_claim(folder)
-    if found is None:
-        others = sorted(e for e in os.listdir(folder) if e != MARKER)
-        if others:
-            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-            raise InputError(f"{WHAT} {folder} holds files gnnpar did not write ({shown}); "
-                             "give an empty or new folder")
-    elif found.get("kind") != KIND:
-        raise InputError(f"{WHAT} {folder} holds gnnpar {found.get('kind')}, not {KIND}; "
-                         "give another folder")
+    check_claimable(folder, KIND, WHAT)
 
 
 def run_meta(args, world: int, grid, fingerprint: Optional[str]) -> dict:
