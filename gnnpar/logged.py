@@ -94,6 +94,14 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
     A NaN or infinite epoch loss (the same on every rank) ends the run: ``fit_fn`` stops after
     that epoch, whose record is logged but neither checkpointed nor saved (``--save-model``);
     the final record then has ``diverged_epoch`` (the CLI exits with ``EXIT_DIVERGED``)."""
+    try:
+        return _train(fit_fn, model, args, fields, lead, desc, shapes, extra_final, ckpt)
+    finally:
+        if ckpt is not None:  # a SIGTERM handler and the folder lock end with the training
+            ckpt.close()
+
+
+def _train(fit_fn, model, args, fields, lead, desc, shapes, extra_final, ckpt) -> dict:
     start = ckpt.restore() if ckpt is not None else 0
     log = JsonLog(args.log_json if lead else None, resume_epoch=start if start > 0 else None)
     bar = progress(args.epochs - start, desc, lead and not args.quiet)
@@ -120,9 +128,6 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
     diverged = diverged_epoch(history)
     if diverged is not None:
         final["diverged_epoch"] = diverged
-        release = getattr(ckpt, "release", None)
-        if release is not None:  # no checkpoint follows: let go of the folder
-            release()
     log.write(final)
     log.close()
     if lead and args.save_model and diverged is None:

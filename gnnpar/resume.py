@@ -159,6 +159,14 @@ class Checkpointing:
         if self.lock is not None:
             self.lock.release()
 
+    def close(self) -> None:
+        """Training is over (however it ended): put back the SIGTERM handler that was there
+        before and let go of the folder. Safe to call twice."""
+        if self.sigterm is not None:
+            self.sigterm.uninstall()
+            self.sigterm = None
+        self.release()
+
     def _keep_marker(self) -> None:
         """The lock holder owns the folder: put its marker back if a run that lost the race
         for a brand-new folder overwrote it before failing to get the lock."""
