@@ -18,8 +18,8 @@ MAX_BYTES_ENV = "GNNPAR_MAX_BYTES"
 #: share of this machine's memory (physical RAM or the cgroup limit, the smaller) that an input
 #: may need before it is refused, when no limit is set.
 DEFAULT_MEMORY_SHARE = 0.8
-#: a graph may have more classes than nodes (small test graphs), but not more than this many
-#: beyond its node count: a larger label is an id that was never remapped to 0..C-1.
+#: the class count may exceed the node count (small test graphs) up to this floor; more
+#: classes than max(nodes, floor) means a label is an id that was never remapped to 0..C-1.
 MAX_CLASSES_FLOOR = 1 << 16
 
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "PB": 1e15,

@@ -2,7 +2,7 @@
 whose, so gnnpar deletes or overwrites only what it made itself and can prove it made.
 
 ``claim(folder, kind, identity)`` makes ``folder`` gnnpar's ``kind`` (``"shards"``,
-``"checkpoints"``, ``"cache"``): a missing folder is created, an empty one is marked, a folder
+``"checkpoints"``): a missing folder is created, an empty one is marked, a folder
 already marked with the same kind is reused; anything else — files without the marker, a
 marker of another kind, a path that is a file, a folder this process cannot write — is refused
 with :class:`InputError` (exit 2) before any work starts. With ``identity`` given, a folder
@@ -36,17 +36,18 @@ def read_claim(folder: str) -> Optional[dict]:
     return claim if isinstance(claim, dict) and claim.get("tool") == "gnnpar" else None
 
 
-def check_writable_folder(folder: str, what: str) -> None:
-    """Refuse a path that is a file, or a folder (or nearest existing parent) we cannot write."""
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise InputError(f"{what} {folder} exists and is not a folder")
-    probe = folder
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe.rstrip(os.sep)) or "."
-    if probe != folder and not os.path.isdir(probe):
-        raise InputError(f"{what} {folder}: {probe} is not a folder")
-    if not os.access(probe or ".", os.W_OK | os.X_OK):
-        raise InputError(f"{what} {folder}: no permission to write in {probe or '.'}")
+def check_writable_folder(folder: str, what: str, label: str = None) -> None:
+    """Refuse a path that is a file, or a folder whose nearest existing ancestor is a file or
+    not writable (missing folders are made when written). Messages start with ``label``
+    (default ``"<what> <folder>"``)."""
+    label = label or f"{what} {folder}"
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise InputError(f"{label}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise InputError(f"{label}: no permission to write in {probe}")
 
 
 def check_claimable(folder: str, kind: str, what: str) -> Optional[dict]:
@@ -58,7 +59,9 @@ def check_claimable(folder: str, kind: str, what: str) -> Optional[dict]:
         return None
     found = read_claim(folder)
     if found is None:
-        others = sorted(e for e in os.listdir(folder) if e != MARKER)
+        # a marker being written by another rank of this run (node-local disks) is no stranger
+        others = sorted(e for e in os.listdir(folder)
+                        if e != MARKER and not e.startswith(MARKER + ".tmp-"))
         if others:
             shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
             raise InputError(f"{what} {folder} holds files gnnpar did not write ({shown}); "

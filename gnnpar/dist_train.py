@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -78,6 +81,24 @@ def check_shards_dataset(args, shard_dir: str, meta=None) -> None:
         raise InputError(f"--partition-dir {shard_dir} holds shards of {written}, not of "
                          f"--dataset {given}; give the dataset they were written for, drop "
                          "--dataset, or use another --partition-dir")
+
+
+def _check_shards_on_rank_0(rank: int, args, shard_dir: str) -> None:
+    """Launched ranks (all together): rank 0 runs :func:`check_shards_dataset`, which may load
+    the dataset; the others take its verdict, so a job loads the whole graph at most once."""
+    from gnnpar.kernels.comm import control_all_reduce
+    failure = None
+    if rank == 0:
+        try:
+            check_shards_dataset(args, shard_dir)
+        except InputError as e:
+            failure = e
+    verdict = control_all_reduce(torch.tensor([0 if failure is None else 1]), "max")
+    if failure is not None:
+        raise failure
+    if int(verdict[0]):
+        raise InputError(f"--partition-dir {shard_dir} does not hold shards of --dataset "
+                         f"{args.dataset} (rank 0 says which graph it holds)")
 
 
 def _load(args):
@@ -192,7 +213,7 @@ def load_rank_shard(rank: int, world: int, args, shard_dir):
     from gnnpar.partitioners.shards import load_shard
     if shard_dir is not None:
         if getattr(args, "shards_checked", None) != shard_dir:  # launched: not checked yet
-            check_shards_dataset(args, shard_dir)
+            _check_shards_on_rank_0(rank, args, shard_dir)
         return load_shard(shard_dir, rank, world_size=world)
     from gnnpar.partitioners import partition_graph
     from gnnpar.partitioners.shard_build import build_shard
@@ -231,21 +252,39 @@ def _spawn_local(args, backend: str, graph=None) -> dict:
     from .spawn import SpawnError, spawn
     if args.mode != "minibatch":
         make_run_grid(args, args.nprocs)  # fail before spawning
-    shard_dir, temporary = prepare_shards(args, args.nprocs, graph)
+    shard_dir, temporary = None, False
+    with _sigterm_unwinds():  # a SIGTERM while shards are written still removes them
+        try:
+            shard_dir, temporary = prepare_shards(args, args.nprocs, graph)
+            return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,
+                         timeout_s=args.timeout)[0]
+        except SpawnError as e:
+            if e.kind == "input":
+                raise InputError(e.first_line.split(": ", 1)[-1]) from None
+            if e.kind == f"exit:{EXIT_PREEMPTED}":
+                print("gnnpar-train: preempted (SIGTERM): checkpoint written", file=sys.stderr)
+                raise SystemExit(EXIT_PREEMPTED)
+            raise RuntimeError(str(e).splitlines()[0]) from None
+        finally:
+            if temporary:
+                shutil.rmtree(os.path.dirname(shard_dir), ignore_errors=True)
+
+
+@contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises ``SystemExit(143)`` in this (main) thread, so every ``finally`` runs
+    (while ranks run, spawn passes SIGTERM on to them and re-raises it here afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def preempted(signum, frame):
+        raise SystemExit(EXIT_PREEMPTED)
+    old = signal.signal(signal.SIGTERM, preempted)
     try:
-        return spawn(_spawned, args.nprocs, args=(args, shard_dir), backend=backend,
-                     timeout_s=args.timeout)[0]
-    except SpawnError as e:
-        first = str(e).splitlines()[0]
-        if "InputError" in str(e):
-            raise InputError(first.split("InputError: ", 1)[-1])
-        if f"SystemExit: {EXIT_PREEMPTED}" in str(e):
-            print("gnnpar-train: preempted (SIGTERM): checkpoint written", file=sys.stderr)
-            raise SystemExit(EXIT_PREEMPTED)
-        raise RuntimeError(first) from None
+        yield
     finally:
-        if temporary:
-            shutil.rmtree(os.path.dirname(shard_dir), ignore_errors=True)
+        signal.signal(signal.SIGTERM, old)
 
 
 def _join_launched(args, info, backend: str) -> dict:

@@ -9,6 +9,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from gnnpar.datasets import InputError
+
 from .cli_common import JsonLog, progress
 
 
@@ -103,6 +105,10 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
 
 def _train(fit_fn, model, args, fields, lead, desc, shapes, extra_final, ckpt) -> dict:
     start = ckpt.restore() if ckpt is not None else 0
+    if start >= args.epochs > 0:  # the log already holds this run's end: leave it as it is
+        raise InputError(f"--resume: the checkpoints in {args.checkpoint_dir} reach epoch "
+                         f"{start - 1}, the last of --epochs {args.epochs}: nothing to train "
+                         "(raise --epochs to continue)")
     log = JsonLog(args.log_json if lead else None, resume_epoch=start if start > 0 else None)
     bar = progress(args.epochs - start, desc, lead and not args.quiet)
     prof = EpochProfiler(getattr(args, "profile", None), getattr(args, "profile_dir", "."))

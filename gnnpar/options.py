@@ -7,6 +7,7 @@ import math
 import os
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.owned import check_writable_folder
 
 ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d", "auto")
 
@@ -201,18 +202,6 @@ def _overlaps(out: str, inp: str, folder: bool = False) -> str:
     return "write into" if inside and (folder or os.path.isdir(ri)) else ""
 
 
-def check_output_folder(label: str, folder: str) -> None:
-    """Refuse a folder that is a file, or whose nearest existing ancestor is a file or not
-    writable (missing folders are made when written); ``label`` starts the message."""
-    probe = os.path.abspath(folder)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise InputError(f"{label}: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise InputError(f"{label}: no permission to write in {probe}")
-
-
 def check_output_file(flag: str, path: str, inputs=()) -> None:
     """Refuse an output file that cannot be written, or would overwrite an input: a folder, a
     file we may not write, a parent path that is a file or not writable, or a path that is
@@ -228,7 +217,7 @@ def check_output_file(flag: str, path: str, inputs=()) -> None:
         if how:
             raise InputError(f"{flag} {path} would {how} {what}; give another path")
     if not os.path.exists(path) or os.path.isfile(path):  # not a device such as /dev/stdout
-        check_output_folder(f"{flag} {path}", os.path.dirname(os.path.abspath(path)))
+        check_writable_folder(os.path.dirname(os.path.abspath(path)), flag, f"{flag} {path}")
 
 
 def check_output_paths(args) -> None:
@@ -246,7 +235,7 @@ def check_output_paths(args) -> None:
             raise InputError(f"--log-json and --save-model name the same file ({first}); "
                              "give two paths")
     if args.profile is not None:
-        check_output_folder(f"--profile-dir {args.profile_dir}", args.profile_dir)
+        check_writable_folder(args.profile_dir, "--profile-dir")
         for what, inp, folder in inputs:
             if _overlaps(args.profile_dir, inp, folder):
                 raise InputError(f"--profile-dir {args.profile_dir} would write into {what}; "

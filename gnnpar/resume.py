@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 from typing import Optional
 
 from gnnpar.datasets import InputError
-from gnnpar.datasets.owned import check_claimable, check_writable_folder, claim, read_claim, write_marker
+from gnnpar.datasets.owned import (check_claimable, check_identity, check_writable_folder, claim,
+                                   read_claim, write_marker)
 
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
                          agree_on_step, capture_rng, file_name, list_steps, load_step,
@@ -187,8 +189,7 @@ def setup_folder(base: str, rank: int, identity: dict, resume: bool) -> Optional
         try:
             lock = _claim_and_lock(base, identity)
             if not resume:
-                _refuse_earlier_checkpoints(base, sorted(
-                    os.path.join(base, e) for e in os.listdir(base) if e.startswith("rank-")))
+                _refuse_earlier_checkpoints(base, _rank_dirs(base))
         except Exception as e:  # noqa: BLE001 - the other ranks must learn of it too
             failure = e
     _agree_setup(failure, lock)
@@ -248,9 +249,9 @@ def _claim_and_lock(base: str, identity: dict) -> FolderLock:
 def _refuse_earlier_checkpoints(base: str, folders) -> None:
     steps = [s for d in folders if os.path.isdir(d) for s in list_steps(d)]
     if steps:
-        raise InputError(f"{WHAT} {base} already holds checkpoints of this run (newest: epoch "
-                         f"{max(steps)}); pass --resume to continue it, or give a new folder "
-                         "to start over")
+        raise InputError(f"{WHAT} {base} already holds checkpoints (newest: epoch "
+                         f"{max(steps)}); pass --resume to continue that run, or give a new "
+                         "folder to start over")
 
 
 def check_checkpoint_args(args) -> None:
@@ -266,7 +267,26 @@ def check_checkpoint_args(args) -> None:
     folder = args.checkpoint_dir
     if not folder:
         return
-    check_claimable(folder, KIND, WHAT)
+    ranks = _rank_dirs(folder)
+    if ranks and read_claim(folder) is None and len(ranks) == len(os.listdir(folder)):
+        raise InputError(f"{WHAT} {folder} was written by an older gnnpar that recorded no run "
+                         "identity: its checkpoints cannot be resumed safely; give a new folder")
+    found = check_claimable(folder, KIND, WHAT)
+    if found is not None and found.get("identity"):
+        # what the flags alone decide (dataset fingerprint and world layout come at setup)
+        theirs = found["identity"]
+        mine = {k: v for k, v in run_meta(args, 0, [], None).items()
+                if k not in ("world_size", "grid", "fingerprint") and k in theirs}
+        check_identity(folder, {"identity": {k: theirs[k] for k in mine}}, mine, WHAT)
+    if not args.resume:  # on this host's disk; every rank checks its own again at setup
+        _refuse_earlier_checkpoints(folder, ranks)
+
+
+def _rank_dirs(base: str):
+    if not os.path.isdir(base):
+        return []
+    return sorted(os.path.join(base, e) for e in os.listdir(base)
+                  if re.fullmatch(r"rank-\d{5,}", e) and os.path.isdir(os.path.join(base, e)))
 
 
 def run_meta(args, world: int, grid, fingerprint: Optional[str]) -> dict:

@@ -28,11 +28,21 @@ from .scratch import OWNER_FILE, make_scratch_dir, remove_stale_scratch_dirs  # 
 
 
 class SpawnError(RuntimeError):
-    """A child rank failed; ``rank`` is the first one that did."""
+    """A child rank failed; ``rank`` is the first one that did. ``kind`` says how, as a type
+    rather than text: ``"input"`` (an :class:`~gnnpar.datasets.InputError`, exit 2),
+    ``"exit:N"`` (``SystemExit(N)``), ``"died"`` (no report) or ``"error"``."""
 
-    def __init__(self, rank: int, message: str):
+    def __init__(self, rank: int, message: str, kind: str = "error"):
         super().__init__(f"rank {rank} failed: {message}")
-        self.rank = rank
+        self.rank, self.kind = rank, kind
+        self.first_line = message.splitlines()[0] if message else ""
+
+
+def _kind(e: BaseException) -> str:
+    from gnnpar.datasets import InputError
+    if isinstance(e, InputError):
+        return "input"
+    return f"exit:{e.code}" if isinstance(e, SystemExit) else "error"
 
 
 def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results):
@@ -53,7 +63,8 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
             dist.destroy_process_group()
         results.put((rank, True, out))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        results.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        results.put((rank, False, (f"{type(e).__name__}: {e}\n{traceback.format_exc()}",
+                                   _kind(e))))
         raise SystemExit(1)
 
 
@@ -199,6 +210,8 @@ def _raise_root_cause(procs, results, reports):
         code = procs[silent[0]].exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         peers = f"; {len(reports)} peer(s) then failed" if reports else ""
-        raise SpawnError(silent[0], f"process {how} without reporting an error{peers}")
-    first = next(iter(reports))  # the earliest report: peers' come after the connection breaks
-    raise SpawnError(first, reports[first])
+        raise SpawnError(silent[0], f"process {how} without reporting an error{peers}", "died")
+    # bad input on any rank is the cause (its peers then fail on the broken group); otherwise
+    # the earliest report: peers' come after the connection breaks
+    first = next((r for r, (_, kind) in reports.items() if kind == "input"), next(iter(reports)))
+    raise SpawnError(first, *reports[first])

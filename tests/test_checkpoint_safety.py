@@ -302,3 +302,36 @@ def test_folder_with_foreign_files_is_refused_before_any_work(tmp_path, capsys, 
         assert "gnnpar did not write" in err_line(capsys)
     assert sorted(os.listdir(d)) == ["chapter1.tex", "rank-00000"]
     assert (d / "rank-00000" / file_name(1)).read_text() == "also precious"
+
+
+def test_rerun_and_other_identity_are_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """A rerun without --resume, and a run whose flags give another identity, are refused in
+    the argument checks: before the dataset is loaded (or shards written, ranks spawned)."""
+    ck = tmp_path / "ck"
+    assert main([*DATA, "--epochs", "2", "--checkpoint-dir", str(ck)]) == 0
+    capsys.readouterr()
+    no_work(monkeypatch)
+    assert main([*DATA, "--epochs", "3", "--checkpoint-dir", str(ck)]) == 2
+    assert "already holds checkpoints" in err_line(capsys)
+    assert main([*DATA, "--epochs", "3", "--checkpoint-dir", str(ck), "--resume",
+                 "--lr", "0.5"]) == 2
+    assert "belongs to another run" in err_line(capsys)
+
+
+def test_checkpoint_folder_of_an_older_gnnpar_is_named_as_such(tmp_path, capsys, monkeypatch):
+    ck = tmp_path / "old"
+    (ck / "rank-00000").mkdir(parents=True)
+    (ck / "rank-00000" / "ckpt-000000001.pt").write_bytes(b"x")
+    no_work(monkeypatch)
+    assert main([*DATA, "--epochs", "3", "--checkpoint-dir", str(ck), "--resume"]) == 2
+    assert "older gnnpar" in err_line(capsys)
+    assert (ck / "rank-00000" / "ckpt-000000001.pt").read_bytes() == b"x"
+
+
+def test_resuming_a_finished_run_keeps_its_log(tmp_path, capsys):
+    ck, log = tmp_path / "ck", tmp_path / "log.jsonl"
+    assert main([*DATA, "--epochs", "2", "--checkpoint-dir", str(ck), "--log-json", str(log)]) == 0
+    before = log.read_text()
+    assert main([*DATA, "--epochs", "2", "--checkpoint-dir", str(ck), "--log-json", str(log),
+                 "--resume"]) == 2
+    assert "nothing to train" in err_line(capsys) and log.read_text() == before

@@ -1,11 +1,14 @@
 """The device rule of ``gnnpar.kernels.comm``: every collective goes through it, and every
 process group gnnpar makes can carry host tensors, so every mode is legal under NCCL.
 
-NCCL carries only CUDA tensors. A CPU-only machine can build a group with the same
+NCCL carries only CUDA tensors. A CPU-only machine can ask for a group with the same
 restriction, ``cuda:gloo`` (torch refuses a CPU tensor on it with NCCL's own error, "No
-backend type associated with device type cpu"), so these tests run every mode through
-gnnpar's real launch path on such a group: full batch with every algorithm, checkpoints and
-``--resume``, mini batch data parallel, grouped and 4d, evaluation, SIGTERM agreement.
+backend type associated with device type cpu"). Asked for such a backend, gnnpar's launch
+path must add a host route (as it turns ``nccl`` into ``cpu:gloo,cuda:nccl``); these tests
+run every mode through it — full batch with every algorithm, checkpoints and ``--resume``,
+mini batch data parallel, grouped and 4d, evaluation, SIGTERM agreement — and check that a
+group without the route is refused with a clear error. On a GPU, ``tests/test_cuda.py`` runs
+the same modes on CUDA tensors.
 """
 import ast
 import glob
@@ -173,7 +176,7 @@ def check_finals(finals, world):
         assert 0.0 <= final["test_acc"] <= 1.0, name
 
 
-def _records(prefix):
+def records_of(prefix):
     out = []
     for path in glob.glob(prefix + ".*"):
         with open(path) as f:
@@ -181,7 +184,9 @@ def _records(prefix):
     return out
 
 
-def test_every_mode_runs_on_a_group_that_carries_no_host_tensors(tmp_path, monkeypatch):
+def test_every_mode_runs_when_asked_for_a_cuda_only_backend(tmp_path, monkeypatch):
+    """Launched with ``cuda:gloo`` (NCCL's restriction), every mode runs: the launcher added a
+    host route, and every collective of every mode went through the checked entry."""
     audit = str(tmp_path / "audit")
     monkeypatch.setenv(AUDIT_ENV, audit)
     try:
@@ -190,12 +195,11 @@ def test_every_mode_runs_on_a_group_that_carries_no_host_tensors(tmp_path, monke
     except SpawnError as e:
         pytest.fail(f"a mode broke on a CUDA-only group: {e}")
     check_finals(finals, 4)
-    records = _records(audit)
+    records = records_of(audit)
     assert records, "the audit recorded nothing"
-    assert {r["backend"] for r in records} == {"cpu:gloo,cuda:gloo"}
-    routes = device_routes(process_group_backend("nccl"))
+    assert {r["backend"] for r in records} == {"cpu:gloo,cuda:gloo"}  # the host route added
     for r in records:
-        assert set(r["devices"]) <= set(routes), r
+        assert set(r["devices"]) <= set(device_routes(r["backend"])), r
         assert r["caller"].startswith("gnnpar."), r
     phases = {r["phase"] for r in records}
     assert {"setup", "forward", "backward", "grad_sync", "control", "features"} <= phases

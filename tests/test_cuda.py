@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from gnnpar.kernels.comm import AUDIT_ENV, device_routes
 from gnnpar.models import GNN
 from gnnpar.serial import SerialRuntime
 from gnnpar.spawn import spawn
 from gnnpar.trainer import TrainConfig, fit
 
 from .dist_cases import equivalence_many
-from .test_comm_rule import check_finals, every_mode_body
+from .test_comm_rule import check_finals, every_mode_body, records_of
 from .graphs import random_graph
 
 pytestmark = [pytest.mark.cuda,
@@ -66,10 +67,16 @@ def test_multi_rank_gloo_on_cuda_tensors(world):
 
 
 @pytest.mark.parametrize("world,backend", [(1, "nccl"), (4, "cuda:gloo")])
-def test_every_mode_on_cuda(world, backend, tmp_path):
+def test_every_mode_on_cuda(world, backend, tmp_path, monkeypatch):
     """Full batch (every algorithm), mini batch (data parallel, grouped, 4d), checkpoints and
     --resume on CUDA tensors: NCCL at world 1 (the group is cpu:gloo,cuda:nccl), and at 4 ranks
     on one GPU a CUDA-only group given a host route, as NCCL's is (CUDA tensors on gloo)."""
-    finals = spawn(every_mode_body, world, args=(str(tmp_path), "cuda"), backend=backend,
-                   timeout_s=600)[0]
+    monkeypatch.setenv(AUDIT_ENV, str(tmp_path / "audit"))
+    finals = spawn(every_mode_body, world, args=(str(tmp_path / "ckpt"), "cuda"),
+                   backend=backend, timeout_s=600)[0]
     check_finals(finals, world)
+    records = records_of(str(tmp_path / "audit"))
+    assert all("cpu" in device_routes(r["backend"]) for r in records)
+    if world > 1:  # the algorithm's traffic is on CUDA tensors (NCCL's side of the group)
+        heavy = [r for r in records if r["phase"] in ("forward", "backward", "grad_sync")]
+        assert heavy and all(r["devices"] == ["cuda"] for r in heavy), heavy[:3]

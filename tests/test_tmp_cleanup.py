@@ -158,3 +158,21 @@ def test_a_reused_pid_does_not_keep_a_folder_alive(tmpdir_env):
     finally:
         child.kill()
         child.wait()
+
+
+def test_sigterm_while_shards_are_written_leaves_nothing(tmpdir_env):
+    """SIGTERM to a --nprocs parent still partitioning (before any rank exists): exit 143 and
+    its temporary shards are gone."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "-m", "gnnpar.train", "--algo", "1d-halo",
+                             "--nprocs", "2", "--dataset", "rmat:scale=15,ef=16",
+                             "--partitioner", "metis", "--epochs", "1", "--quiet"],
+                            env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(n.startswith("gnnpar-shards-") for n in os.listdir(tmpdir_env)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no shard folder appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert [n for n in os.listdir(tmpdir_env) if n.startswith("gnnpar-")] == []
