@@ -40,6 +40,8 @@ import torch
 from gnnpar.datasets import InputError
 from gnnpar.kernels.comm import control_all_reduce
 
+from .scratch import process_start
+
 MAGIC = b"GNNPARCKPT 1\n"
 NAME = re.compile(r"^ckpt-(\d{9,})\.pt$")
 TMP = re.compile(r"^\.ckpt-\d+\.(\d+)\.tmp$")
@@ -173,23 +175,13 @@ def _clear_debris(directory: str) -> None:
     """Remove temporary files left by writers that crashed (their process is gone)."""
     for name in os.listdir(directory):
         m = TMP.match(name)
-        if m and not _alive(int(m.group(1))):
+        pid = int(m.group(1)) if m else None
+        # a temp file of ours from an earlier failed write is debris too
+        if m and (pid == os.getpid() or process_start(pid) is None):
             try:
                 os.unlink(os.path.join(directory, name))
             except FileNotFoundError:
                 pass
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # a temp file of ours from an earlier failed write is debris too
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_dir(directory: str) -> None:

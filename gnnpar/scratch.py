@@ -22,7 +22,7 @@ from typing import List, Optional
 OWNER_FILE = "gnnpar-scratch.owner"
 
 
-def _process_start(pid: int) -> Optional[str]:
+def process_start(pid: int) -> Optional[str]:
     """Start time of a live process (clock ticks after boot, /proc/<pid>/stat field 22);
     None if there is no such process or it is a zombie, "" where /proc cannot tell."""
     try:
@@ -64,7 +64,7 @@ def make_scratch_dir(prefix: str) -> str:
     """A new private ``$TMPDIR/<prefix><pid>-<random>`` holding its owner file."""
     tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
     try:
-        owner = {"pid": os.getpid(), "start": _process_start(os.getpid()), **_host_identity()}
+        owner = {"pid": os.getpid(), "start": process_start(os.getpid()), **_host_identity()}
         with open(os.path.join(tmp, OWNER_FILE), "w") as fh:
             json.dump(owner, fh)
     except BaseException:
@@ -97,7 +97,7 @@ def _stale(path: str, pid: int, me: dict, allow_dirs: bool) -> bool:
         return False
     if owner.get("boot") and me["boot"] and owner["boot"] != me["boot"]:
         return True  # made before the last reboot
-    start = _process_start(pid)
+    start = process_start(pid)
     if start is None:
         return True
     return bool(start and owner.get("start") and start != owner["start"])  # pid reused
