@@ -51,7 +51,10 @@ def _alive(pid):
 
 def start_parent(tmp, ready, nprocs=2):
     """A gnnpar parent process whose ranks sleep; returns it once every rank runs."""
-    code = ("import sys\n"
+    # a shell's background job starts with SIGINT ignored (and Python keeps it so): put back
+    # Python's Ctrl-C, as a user's foreground run has it
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "from gnnpar.spawn import spawn\n"
             "from tests.test_tmp_cleanup import sleeper\n"
             f"spawn(sleeper, {nprocs}, args=({str(ready)!r}, 120), timeout_s=60)\n")
