@@ -39,7 +39,10 @@ def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
 
 
 def transpose_csr(indptr, indices, values, shape):
-    """CSR arrays of the transpose (a counting sort by column; stable, so exact)."""
+    """CSR arrays of the transpose (a counting sort by column; stable, so exact). Tensors in,
+    tensors out on their device (the device sampler's blocks); else numpy."""
+    if isinstance(indptr, torch.Tensor):
+        return _transpose_csr_tensors(indptr, indices, values, shape)
     indptr = np.asarray(indptr, dtype=np.int64)
     indices = np.asarray(indices, dtype=np.int64)
     n_dst, n_src = shape
@@ -48,6 +51,17 @@ def transpose_csr(indptr, indices, values, shape):
     t_indptr = np.zeros(n_src + 1, dtype=np.int64)
     np.cumsum(np.bincount(indices, minlength=n_src), out=t_indptr[1:])
     return t_indptr, rows[order], np.asarray(values)[order]
+
+
+def _transpose_csr_tensors(indptr, indices, values, shape):
+    n_dst, n_src = shape
+    indices = indices.to(torch.int64)
+    rows = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64, device=indptr.device),
+                                   indptr[1:] - indptr[:-1], output_size=indices.shape[0])
+    order = torch.sort(indices, stable=True).indices
+    t_indptr = torch.zeros(n_src + 1, dtype=torch.int64, device=indptr.device)
+    torch.cumsum(torch.bincount(indices, minlength=n_src), 0, out=t_indptr[1:])
+    return t_indptr, rows[order], values[order]
 
 
 class OutputBuffers:
@@ -102,7 +116,8 @@ class SparseOperator:
 
     def __init__(self, indptr, indices, values, shape, device=None):
         self.num_dst, self.num_src = int(shape[0]), int(shape[1])
-        self.nnz = int(np.asarray(indices).shape[0])
+        self.nnz = int(indices.shape[0] if isinstance(indices, torch.Tensor)
+                       else np.asarray(indices).shape[0])
         self.A = csr_tensor(indptr, indices, values, shape, device)
         self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape),
                              (self.num_src, self.num_dst), device)

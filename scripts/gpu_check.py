@@ -70,12 +70,10 @@ def rows(dev, out, work):
          os.environ.get("GPU_BENCH_DATASET", "rmat:scale=20,ef=16"), "--device", dev,
          "--warmup", "3", "--repeats", "7"], kind="bench" if dev == "cuda" else "skip",
         timeout=240)
-    # placeholder of the mini-batch benchmark: its row runs once scripts/bench_minibatch.py exists
-    mb_bench = os.path.exists(os.path.join(ROOT, "scripts", "bench_minibatch.py"))
-    row("bench-minibatch", "bench", "minibatch", "-", "-",
-        [PY, "scripts/bench_minibatch.py", "--device", dev], timeout=240,
-        kind="bench" if mb_bench and dev == "cuda" else "skip",
-        why="--cpu mode" if mb_bench else "scripts/bench_minibatch.py not present")
+    # issue 11's figures: end to end vs compute only, 3-layer SAGE, 15,10,5, batch 1024
+    row("bench-minibatch", "bench", "minibatch e2e vs compute", "-", 1,
+        [PY, "scripts/bench_minibatch.py", "--device", dev, "--repeats", "2", "--json",
+         f"{out}/bench_minibatch.jsonl"], timeout=240, kind="bench" if dev == "cuda" else "skip")
     return R
 
 

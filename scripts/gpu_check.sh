@@ -7,10 +7,12 @@
 #      more epochs (it must continue at the checkpoint's epoch + 1 in the appended JSON log);
 #   3. every full-batch algorithm at 2 and 4 ranks with --backend gloo on CUDA tensors
 #      (1.5d c=1/c=2, 2d 2x1/2x2, 3d 1x2x1/1x2x2, 4d 1x1x2x1/1x1x2x2);
-#   4. mini batch on cuda: serial, data parallel on 2 ranks, 1d-halo groups of 2 on 4 ranks,
-#      4d --grid 2x1x2x1 on 4 ranks;
-#   5. scripts/bench_single.py at scale 20 (run alone, after the rest), and
-#      scripts/bench_minibatch.py once it exists (else a "skipped" row).
+#   4. mini batch on cuda: serial, data parallel on 2 ranks (both sample on the GPU, features
+#      there: --sample-on/--features-on auto), 1d-halo groups of 2 on 4 ranks, 4d --grid
+#      2x1x2x1 on 4 ranks (grouped: sampled on the host);
+#   5. scripts/bench_single.py at scale 20 and scripts/bench_minibatch.py (rmat scale 20,
+#      3-layer SAGE 15,10,5, batch 1024: end to end vs compute only), each run alone after the
+#      rest.
 # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so world >= 2 runs use gloo on
 # CUDA tensors and NCCL runs at world size 1 only; the multi-rank NCCL legality is covered on CPU
 # by tests/test_comm_rule.py (process groups with a backend per device type: cpu:gloo,cuda:nccl).

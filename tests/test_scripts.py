@@ -118,3 +118,23 @@ def test_run_local_trains(tmp_path, mode):
     if mode == "pipeline":
         assert sorted(os.listdir(tmp_path / "gnnpar-shards-local")) == [
             ".gnnpar-owner.json", "meta.json", "part-00000", "part-00001"]
+
+
+@pytest.mark.parametrize("sample_on", ["host", "device"])
+def test_bench_minibatch_runs_on_cpu(tmp_path, sample_on):
+    """scripts/bench_minibatch.py on a small graph: both measurements, a summary, the JSON."""
+    import sys
+    out = tmp_path / "b.jsonl"
+    res = subprocess.run([sys.executable, "scripts/bench_minibatch.py", "--dataset",
+                          "rmat:scale=9,ef=4", "--hidden", "16", "--batch-size", "64",
+                          "--max-steps", "3", "--repeats", "1", "--resident", "2",
+                          "--sample-on", sample_on, "--json", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    recs = [json.loads(line) for line in open(out)]
+    assert [r["what"] for r in recs] == ["end_to_end", "compute_only", "summary"]
+    assert recs[0]["steps"] == recs[1]["steps"] == 3
+    s = recs[-1]
+    assert s["sample_on"] == sample_on and s["features_on"] == "host"
+    assert s["end_to_end_mb_per_s"] > 0 and s["compute_only_mb_per_s"] > 0
+    assert 0 <= s["stall_share"] <= 1 and "end-to-end epoch / compute-only" in res.stderr

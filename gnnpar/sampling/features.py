@@ -18,6 +18,11 @@ macrobatch, even with nothing to ask for): the all-to-alls are collectives. A sa
 thread uses its own :class:`Comm` over its own process groups, so its fetches never
 interleave with the trainer's gradient all-reduces.
 
+Placement (``--feature-placement``): the rows (own and cached) live on the host, or on the
+training device (:meth:`FeatureStore.to`); on the device the owner map goes there too, so a
+minibatch's rows are gathered by device kernels from ids the device sampler made there, and
+only the ids of remote rows cross to the host (the all-to-all's counts are host values).
+
 Shapes: ``x_local`` (n_local, f); ids (U,) sorted distinct global ids; a minibatch's
 features (n_input, f) float32.
 """
@@ -58,6 +63,30 @@ class FeatureStore:
         self.cache_ids = np.zeros(0, np.int64)
         self.cache_rows = self.x.new_zeros((0, self.x.shape[1]))
         self.cache_slot: Optional[np.ndarray] = None
+        self.all_local = bool((owner == self.rank).all())
+        self._owner_t = self._index_t = None  # device copies of owner / local_index
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def to(self, device) -> "FeatureStore":
+        """Keep the rows (and the cache) on ``device`` with the owner map, so that ids given as
+        tensors (the device sampler's) are gathered there without crossing to the host."""
+        device = torch.device(device)
+        self.x = self.x.to(device)
+        self.cache_rows = self.cache_rows.to(device)
+        self._owner_t = torch.from_numpy(self.owner).to(device)
+        self._index_t = torch.from_numpy(self.local_index.astype(np.int64)).to(device)
+        return self
+
+    def nbytes(self) -> int:
+        """Bytes of the rows this store holds (own rows and cache)."""
+        return int(self.x.numel() * self.x.element_size()) + self.cache_bytes()
+
+    def _idx(self, a: np.ndarray) -> torch.Tensor:
+        """An int64 index tensor of ``a`` on the rows' device."""
+        return torch.from_numpy(np.asarray(a, np.int64)).to(self.x.device)
 
     @property
     def row_bytes(self) -> int:
@@ -80,7 +109,7 @@ class FeatureStore:
     def set_cache(self, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Hold ``rows`` (C, f) of remote vertices ``ids`` (C,) sorted distinct."""
         self.cache_ids = np.asarray(ids, np.int64)
-        self.cache_rows = rows
+        self.cache_rows = rows.to(self.x.device)
         self.cache_slot = np.full(self.num_nodes, -1, index_dtype(self.num_nodes))
         self.cache_slot[self.cache_ids] = np.arange(self.cache_ids.shape[0])
 
@@ -90,7 +119,14 @@ class FeatureStore:
     # ------------------------------------------------------------------ fetching
     def fetch(self, ids: np.ndarray, comm=None, axes=None, use_cache: bool = True):
         """``(table, stats)`` for sorted distinct global ``ids``: ``table`` serves any subset
-        of ``ids`` (:meth:`MacroFeatures.gather`). Collective when ``comm`` spans ranks."""
+        of ``ids`` (:meth:`MacroFeatures.gather`). Collective when ``comm`` spans ranks.
+        ``ids`` may be a tensor (the device sampler's): with every row here nothing crosses
+        to the host."""
+        if isinstance(ids, torch.Tensor):
+            if self.all_local and comm is None:
+                return (MacroFeatures(self, np.zeros(0, np.int64), self.x[:0]),
+                        FetchStats(unique=int(ids.shape[0])))
+            ids = ids.cpu().numpy()
         ids = np.asarray(ids, np.int64)
         remote = ids[self.owner[ids] != self.rank]
         stats = FetchStats(unique=int(ids.shape[0]), remote=int(remote.shape[0]))
@@ -100,12 +136,11 @@ class FeatureStore:
             slot = self.cache_slot[remote]
             hit = slot >= 0
             if hit.any():
-                rows[torch.from_numpy(np.flatnonzero(hit))] = self.cache_rows[
-                    torch.from_numpy(slot[hit].astype(np.int64))]
+                rows[self._idx(np.flatnonzero(hit))] = self.cache_rows[self._idx(slot[hit])]
             stats.cache_hits = int(hit.sum())
         miss = remote[~hit]
         if comm is not None:
-            rows[torch.from_numpy(np.flatnonzero(~hit))] = self._from_owners(miss, comm, axes)
+            rows[self._idx(np.flatnonzero(~hit))] = self._from_owners(miss, comm, axes)
             stats.moved_rows = int(miss.shape[0])
         elif miss.size:
             raise ValueError(f"{miss.size} remote rows asked for without a communicator")
@@ -123,9 +158,10 @@ class FeatureStore:
             want = torch.as_tensor(self.local_index[miss[order]].astype(np.int64))
             asked = comm.all_to_all(want, send_counts, recv_counts, axes)
         with comm.in_phase("features"):
-            got = comm.all_to_all(self.x.index_select(0, asked), recv_counts, send_counts, axes)
+            got = comm.all_to_all(self.x.index_select(0, asked.to(self.x.device)), recv_counts,
+                                  send_counts, axes)
         out = torch.empty_like(got)
-        out[torch.from_numpy(order)] = got
+        out[self._idx(order)] = got
         return out
 
 
@@ -152,18 +188,33 @@ class MacroFeatures:
     def __init__(self, store: FeatureStore, remote_ids: np.ndarray, remote_rows: torch.Tensor):
         self.store, self.remote_ids, self.remote_rows = store, remote_ids, remote_rows
 
-    def gather(self, ids: np.ndarray) -> torch.Tensor:
-        """(len(ids), f) rows of ``ids`` (each one of the fetched ids), in that order."""
+    def gather(self, ids) -> torch.Tensor:
+        """(len(ids), f) rows of ``ids`` (each one of the fetched ids), in that order, on the
+        rows' device. ``ids``: numpy, or a tensor on the rows' device (gathered there)."""
         st = self.store
+        if isinstance(ids, torch.Tensor) and st._index_t is not None:
+            return self._gather_on_device(ids.to(st.x.device))
+        if isinstance(ids, torch.Tensor):
+            ids = ids.cpu().numpy()
         ids = np.asarray(ids, np.int64)
         if not self.remote_ids.size:
-            return st.x.index_select(0, torch.from_numpy(st.local_index[ids].astype(np.int64)))
+            return st.x.index_select(0, st._idx(st.local_index[ids]))
         mine = st.owner[ids] == st.rank
         out = st.x.new_empty((ids.shape[0], st.x.shape[1]))
         at = np.flatnonzero(mine)
-        out[torch.from_numpy(at)] = st.x.index_select(
-            0, torch.from_numpy(st.local_index[ids[at]].astype(np.int64)))
+        out[st._idx(at)] = st.x.index_select(0, st._idx(st.local_index[ids[at]]))
         at = np.flatnonzero(~mine)
         pos = np.searchsorted(self.remote_ids, ids[at])
-        out[torch.from_numpy(at)] = self.remote_rows.index_select(0, torch.from_numpy(pos))
+        out[st._idx(at)] = self.remote_rows.index_select(0, st._idx(pos))
+        return out
+
+    def _gather_on_device(self, ids: torch.Tensor) -> torch.Tensor:
+        st = self.store
+        if not self.remote_ids.size:
+            return st.x.index_select(0, st._index_t[ids])
+        mine = st._owner_t[ids] == st.rank
+        out = st.x.new_empty((ids.shape[0], st.x.shape[1]))
+        out[mine] = st.x.index_select(0, st._index_t[ids[mine]])
+        remote = st._idx(self.remote_ids)
+        out[~mine] = self.remote_rows.index_select(0, torch.searchsorted(remote, ids[~mine]))
         return out

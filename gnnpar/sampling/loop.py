@@ -23,7 +23,9 @@ lookups; evaluation and setup traffic are not counted — plus ``train_s`` (step
 (Σ over minibatches of the first block's sources), ``unique_input_nodes`` (Σ over
 macrobatches of their union), ``feat_bytes`` (feature rows moved between ranks),
 ``cache_hit_rate`` (remote input rows served by the cache / remote input rows), and, as the
-maximum over ranks, ``sampler_s`` (producer time) and ``stall_s`` (time the trainer waited).
+maximum over ranks, ``sampler_s`` (producer time) and ``stall_s`` (time the trainer waited
+for its next minibatch: on a GPU an upper bound of the device's wait for input, since the
+trainer queues work ahead of the device), with ``stall_share`` = ``stall_s / epoch_s``.
 
 Evaluation is **full-neighbourhood layer-wise inference**: one forward pass of the whole
 graph with the exact Â (serial SpMM, or the 1D halo-exchange SpMM over the shards), layer by
@@ -93,14 +95,19 @@ def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
     plan = service.plan
     loss_sum = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for batch in service.epoch(epoch, stats):
-        opt.zero_grad(set_to_none=True)
-        out = model(engine.operators(batch), batch.x)
-        loss = F.cross_entropy(out, batch.y, reduction="sum")
-        (loss / max(plan.global_count(batch.step), 1)).backward()
-        engine.sync_grads(model.parameters())
-        opt.step()
-        loss_sum += loss.detach().to(torch.float64)
+        loss_sum += train_step(model, opt, engine, batch, plan.global_count(batch.step))
     return loss_sum
+
+
+def train_step(model, opt, engine, batch, global_count: int) -> torch.Tensor:
+    """One step on a ready minibatch; returns its summed loss (float64, on the device)."""
+    opt.zero_grad(set_to_none=True)
+    out = model(engine.operators(batch), batch.x)
+    loss = F.cross_entropy(out, batch.y, reduction="sum")
+    (loss / max(global_count, 1)).backward()
+    engine.sync_grads(model.parameters())
+    opt.step()
+    return loss.detach().to(torch.float64)
 
 
 def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: TrainConfig,
@@ -130,6 +137,7 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
             rec = {"epoch": epoch, **accs, "epoch_s": epoch_s, "train_s": train_s}
             rec.update(_reduced(engine, loss_sum, service.plan.total, grad_bytes, comm_s, stats))
             rec["compute_s"] = max(epoch_s - rec["comm_s"] - rec["stall_s"], 0.0)
+            rec["stall_share"] = rec["stall_s"] / epoch_s if epoch_s > 0 else 0.0
             rec["peak_mem_bytes"] = peak_memory_bytes(next(model.parameters()).device,
                                                       _MaxReducer(engine))
             history.append(rec)

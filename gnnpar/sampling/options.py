@@ -9,7 +9,8 @@ MODES = ("fullbatch", "minibatch")
 #: every flag of :func:`add_minibatch_args` but ``--mode``: only ``--mode minibatch`` reads them
 #: (``MINIBATCH_ONLY``, filled in below, maps each to its parser default, "not given")
 MINIBATCH_FLAGS = ("fanouts", "batch_size", "macrobatch", "group_size", "sampler_workers",
-                   "prefetch", "cache_frac", "cache_policy", "replace", "replicate_graph")
+                   "prefetch", "cache_frac", "cache_policy", "replace", "replicate_graph",
+                   "sample_on", "features_on")
 
 
 def add_minibatch_args(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,14 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                    help="every rank holds the whole sampling structure; --no-replicate-graph: "
                         "each rank its own rows, neighbours of others' rows asked of their "
                         "owners per layer (less memory, more messages; ignored serially)")
+    b.add_argument("--sample-on", default="auto", choices=("auto", "host", "device"),
+                   help="where minibatches are sampled: host (numpy threads) or device (torch "
+                        "kernels on --device); auto: device on a GPU when the structure is "
+                        "replicated and training is plain data parallel (default auto)")
+    b.add_argument("--features-on", default="auto", choices=("auto", "host", "device"),
+                   help="where feature rows live: host (pinned copies on a side stream) or "
+                        "device (gathered there); auto: device on a GPU when they fit in half "
+                        "its free memory (default auto)")
     b.add_argument("--group-size", type=int, default=None,
                    help="ranks sharing one sampled subgraph, with --algo 1d/1d-halo/1.5d (2d, "
                         "3d: the --grid product; 4d: PX*PY*PZ of --grid DxPXxPYxPZ); world/g "

@@ -33,6 +33,7 @@ from .grouped import Group, GroupedService
 from .loop import DataParallel, fit_minibatch
 from .neighbor import SamplerConfig, batch_rng
 from .partitioned import PartitionedTopology
+from .placement import Placement, resolve_placement
 from .seeds import EpochPlan
 from .service import MacrobatchService, ServiceConfig
 from .topology import Topology, gather_topology
@@ -41,9 +42,24 @@ from .topology import Topology, gather_topology
 PROBE_STEPS = 32
 
 
-def _service_cfg(args, device) -> ServiceConfig:
+def _service_cfg(args, device, placement: Placement) -> ServiceConfig:
     return ServiceConfig(macrobatch=args.macrobatch or 1, workers=args.sampler_workers,
-                         prefetch=args.prefetch, seed=args.seed, device=str(device))
+                         prefetch=args.prefetch, seed=args.seed, device=str(device),
+                         sampler=placement.sample_on)
+
+
+def _place(args, device, topo, store, grouped: bool, lead: bool) -> Placement:
+    """Resolve ``--sample-on``/``--features-on`` (:mod:`.placement`), move the rows, say why
+    a choice fell back (lead rank, unless --quiet)."""
+    placement = resolve_placement(args.sample_on, args.features_on, device,
+                                  replicated=bool(topo.replicated), grouped=grouped,
+                                  feature_bytes=store.nbytes(), topo_bytes=topo.nbytes())
+    if placement.features_on == "device" or torch.device(device).type == "cpu":
+        store.to(device)  # on a CPU: the owner map as tensors, for device-sampled ids
+    if lead and not args.quiet:
+        for note in placement.notes:
+            print(f"gnnpar-train: note: {note}", file=sys.stderr)
+    return placement
 
 
 def _train_cfg(args):
@@ -64,14 +80,16 @@ def run_serial_cli(args, device) -> dict:
                         args.layers, args.dropout).to(device)
     topo = Topology.from_graph(graph, (model.norm,))
     store = FeatureStore.local(graph.x)
+    placement = _place(args, device, topo, store, False, True)
     seeds = np.flatnonzero(np.asarray(graph.train_mask))
     plan = EpochPlan(seeds, [seeds.shape[0]], 0, args.batch_size, args.seed)
     service = MacrobatchService(topo, store, plan,
                                 SamplerConfig(args.fanouts, model.norm, args.replace),
-                                _service_cfg(args, device),
+                                _service_cfg(args, device, placement),
                                 torch.as_tensor(np.asarray(graph.y, np.int64)))
     eval_rt = SerialRuntime(graph, model.norm, device)
-    info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0}
+    info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0,
+            "sample_on": placement.sample_on, "features_on": placement.features_on}
     return _train_and_log(model, service, DataParallel(), eval_rt, args, 1, info, True,
                           {"f_in": graph.num_features, "f_out": graph.num_classes}, 0,
                           graph.fingerprint() if args.checkpoint_dir else None)
@@ -90,6 +108,7 @@ def _train_and_log(model, service, engine, eval_rt, args, world, info, lead, sha
               **info.pop("layout", {})}
     opt = make_optimizer(model, cfg)
     meta = run_meta(args, world, fields["grid"], fingerprint)
+    meta["sample_on"] = info["sample_on"]  # the device sampler draws other blocks (hash draws)
     ckpt = Checkpointing(args, rank, meta, model, opt, args.quiet or not lead)
     return train_logged(
         lambda on_epoch, start: fit_minibatch(model, service, engine, eval_rt, cfg, on_epoch,
@@ -155,18 +174,22 @@ def build_rank(rank: int, world: int, shard, args, norm: str, device):
     with comm.in_phase("setup"):
         table, _ = store.fetch(ids, comm, "data", use_cache=False)
     store.set_cache(ids, table.remote_rows)
+    placement = _place(args, device, topo, store, group is not None, rank == 0)
     workers = [(Comm(ProcessGrid.create({"data": world})), "data")
                for _ in range(args.sampler_workers)]
     eval_rt = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
     setup_bytes, _, _ = comm.reset()
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
-            "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes()}
+            "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes(),
+            "sample_on": placement.sample_on, "features_on": placement.features_on}
     if group is None:
-        service = MacrobatchService(topo, store, plan, sampler, _service_cfg(args, device),
+        service = MacrobatchService(topo, store, plan, sampler,
+                                    _service_cfg(args, device, placement),
                                     as_tensor(shard.y, np.int64), workers)
         engine = DataParallel(comm, "data")
     else:
-        service = GroupedService(topo, store, plan, sampler, _service_cfg(args, device),
+        service = GroupedService(topo, store, plan, sampler,
+                                 _service_cfg(args, device, placement),
                                  (seeds, labels), workers, group.me, group.g, group.offset)
         engine = group.engine(norm, device)
         setup_bytes += group.comm.reset()[0]

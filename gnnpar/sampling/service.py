@@ -21,6 +21,14 @@ communicator: worker w of every rank runs the same task sequence, so they pair u
 Threads, not processes: the samplers are numpy/torch code that releases the GIL in its
 array passes, the topology and features are shared without copies, and the collectives stay
 in this process's groups.
+
+On a GPU (``--device cuda``) the same workers feed the device without stopping it: with
+``sampler="device"`` a macrobatch is sampled by torch kernels on the device
+(:mod:`.device_sampler`); with features on the device (``--feature-placement device``) its
+rows are gathered there; whatever is made on the host is copied from pinned memory on the
+worker's side stream (:mod:`.staging`), so the next macrobatch's sampling and copies overlap
+the current step. ``inline=True`` is the plain reference: no threads, the trainer produces
+each macrobatch itself when it needs it, copies block; the blocks are the same.
 """
 from __future__ import annotations
 
@@ -36,8 +44,14 @@ from gnnpar.datasets import InputError
 
 from .blocks import Block, Relabeler
 from .bulk import BulkSampler
+from .device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
+from .draws import DRAWS
 from .neighbor import NeighborSampler, SamplerConfig, batch_rng
 from .seeds import EpochPlan
+from .staging import Stager, take
+
+#: where a macrobatch is sampled: numpy on the host, or torch on the training device
+SAMPLER_SITES = ("host", "device")
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,11 @@ class ServiceConfig:
     """macrobatch: minibatches sampled and fetched together, K ≥ 1 (default 1);
     workers: sampler threads, ≥ 1 (default 1); prefetch: macrobatches allowed ahead of the
     trainer, ≥ 1 (default 2); bulk: sample a macrobatch with the bulk matrix sampler (else
-    minibatch by minibatch); seed: of every draw; device: of operators and features."""
+    minibatch by minibatch); seed: of every draw; device: of operators and features;
+    sampler: ``host`` (numpy samplers) or ``device`` (:mod:`.device_sampler` on ``device``);
+    draws: the device sampler's uniforms (:mod:`.draws`: ``hash`` made on the device, ``pcg``
+    = the host samplers' draws, same blocks as ``host``); inline: no threads, the trainer
+    samples each macrobatch when it needs it (the plain reference of the pipeline)."""
 
     macrobatch: int = 1
     workers: int = 1
@@ -53,8 +71,15 @@ class ServiceConfig:
     bulk: bool = True
     seed: int = 0
     device: str = "cpu"
+    sampler: str = "host"
+    draws: str = "hash"
+    inline: bool = False
 
     def __post_init__(self):
+        if self.sampler not in SAMPLER_SITES:
+            raise InputError(f"sampler site must be one of {SAMPLER_SITES}, got {self.sampler!r}")
+        if self.draws not in DRAWS:
+            raise InputError(f"draws must be one of {tuple(DRAWS)}, got {self.draws!r}")
         for name, flag in (("macrobatch", "--macrobatch"), ("workers", "--sampler-workers"),
                            ("prefetch", "--prefetch")):
             if getattr(self, name) < 1:
@@ -68,7 +93,8 @@ class ReadyBatch:
     Shapes: seeds, y (B,); x (n_input, f); ops/blocks: L, input layer first. A rank of a
     group sharing the minibatch holds only its part: ``shards`` (one
     :class:`~gnnpar.kernels.bipartite.BlockShard` per layer, its engine builds the operators),
-    x its owned input rows, y the labels of its owned seeds; ``ops`` is None."""
+    x its owned input rows, y the labels of its owned seeds; ``ops`` is None. ``ready``: the
+    CUDA event after which its tensors are on the device (:mod:`.staging`), None elsewhere."""
 
     epoch: int
     step: int
@@ -78,6 +104,7 @@ class ReadyBatch:
     x: torch.Tensor
     y: torch.Tensor
     shards: Optional[list] = None
+    ready: Optional[object] = None
 
 
 @dataclass
@@ -131,10 +158,14 @@ class MacrobatchService:
         if comms is not None and len(comms) != cfg.workers:
             raise ValueError(f"need one communicator per worker: {len(comms)} for {cfg.workers}")
         self.topo, self.store, self.plan, self.cfg = topo, store, plan, cfg
-        self.sampler = (BulkSampler if cfg.bulk else NeighborSampler)(topo, sampler)
+        self.device = torch.device(cfg.device)
+        if cfg.sampler == "device":
+            self.sampler = TorchBulkSampler(TorchTopology(topo, self.device), sampler)
+        else:
+            self.sampler = (BulkSampler if cfg.bulk else NeighborSampler)(topo, sampler)
         self.labels = labels
         self.comms = comms
-        self.device = torch.device(cfg.device)
+        self._inline = None  # the trainer's own (relabeler, stager) when cfg.inline
         self.per_epoch = -(-plan.steps // cfg.macrobatch)
         self._seeds: Dict[int, List[np.ndarray]] = {}
         self._seeds_lock = threading.Lock()
@@ -147,6 +178,9 @@ class MacrobatchService:
     def start(self, start_epoch: int, end_epoch: int) -> "MacrobatchService":
         self.start_epoch, self.end_epoch = start_epoch, end_epoch
         total = max(0, end_epoch - start_epoch) * self.per_epoch
+        if self.cfg.inline:
+            self._inline = (self._relabeler(), Stager(self.device, side_stream=False))
+            return self
         for w in range(self.cfg.workers):
             t = threading.Thread(target=self._work, args=(w, total), daemon=True,
                                  name=f"gnnpar-sampler-{w}")
@@ -161,6 +195,15 @@ class MacrobatchService:
             t = self._next
             if t // self.per_epoch + self.start_epoch != epoch:
                 raise RuntimeError(f"epoch {epoch} asked for out of order")
+            if self._inline is not None:
+                t0 = time.perf_counter()
+                comm, axes = self.comms[0] if self.comms is not None else (None, None)
+                macro = self.produce(epoch, t % self.per_epoch, *self._inline, comm, axes)
+                self._next = t + 1
+                macro.stats.stall_s = time.perf_counter() - t0
+                stats.add(macro.stats)
+                yield from macro.batches
+                continue
             sh = self._shared
             t0 = time.perf_counter()
             with sh.cond:
@@ -174,7 +217,8 @@ class MacrobatchService:
             self._next = t + 1
             macro.stats.stall_s = time.perf_counter() - t0
             stats.add(macro.stats)
-            yield from macro.batches
+            for batch in macro.batches:
+                yield take(batch)
 
     def close(self, timeout: float = 5.0) -> None:
         sh = self._shared
@@ -187,7 +231,7 @@ class MacrobatchService:
     # ------------------------------------------------------------------ worker side
     def _work(self, w: int, total: int) -> None:
         sh = self._shared
-        relabel = Relabeler(self.topo.num_nodes)
+        relabel, stager = self._relabeler(), Stager(self.device)
         comm, axes = self.comms[w] if self.comms is not None else (None, None)
         for t in range(w, total, self.cfg.workers):
             with sh.cond:
@@ -197,7 +241,7 @@ class MacrobatchService:
                     return
             try:
                 macro = self.produce(self.start_epoch + t // self.per_epoch, t % self.per_epoch,
-                                     relabel, comm, axes)
+                                     relabel, stager, comm, axes)
             except BaseException as e:  # noqa: BLE001 - handed to the trainer
                 with sh.cond:
                     sh.error = e
@@ -207,6 +251,11 @@ class MacrobatchService:
                 sh.ready[t] = macro
                 sh.cond.notify_all()
 
+    def _relabeler(self):
+        if self.cfg.sampler == "device":
+            return TorchRelabeler(self.topo.num_nodes, self.device)
+        return Relabeler(self.topo.num_nodes)
+
     def _epoch_seeds(self, epoch: int) -> List[np.ndarray]:
         with self._seeds_lock:
             if epoch not in self._seeds:
@@ -215,18 +264,33 @@ class MacrobatchService:
                 self._seeds[epoch] = self.plan.minibatches(epoch)
             return self._seeds[epoch]
 
-    def produce(self, epoch: int, m: int, relabel: Relabeler, comm=None, axes=None) -> _Macro:
-        """Macrobatch ``m`` of ``epoch``: sample, fetch features once, assemble."""
+    def produce(self, epoch: int, m: int, relabel, stager: Stager, comm=None,
+                axes=None) -> _Macro:
+        """Macrobatch ``m`` of ``epoch``: sample, fetch features once, assemble (device work
+        queued on ``stager``'s side stream; the batches carry its event)."""
+        with stager.context():
+            macro = self._produce(epoch, m, relabel, stager, comm, axes)
+            ready = stager.seal()
+        for b in macro.batches:
+            b.ready = ready
+        return macro
+
+    def _produce(self, epoch: int, m: int, relabel, stager: Stager, comm, axes) -> _Macro:
         t0 = time.perf_counter()
         before = _sent_bytes(comm)
         K, plan, st = self.cfg.macrobatch, self.plan, self.store
         steps = range(m * K, min((m + 1) * K, plan.steps))
         seeds = [self._epoch_seeds(epoch)[s] for s in steps]
-        rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
         link = None if self.topo.replicated else (comm, axes)
-        if isinstance(self.sampler, BulkSampler):
+        if self.cfg.sampler == "device":
+            draws = [DRAWS[self.cfg.draws](self.cfg.seed, epoch, plan.stream, s, self.device)
+                     for s in steps]
+            blocks = self.sampler.sample(seeds, draws, relabel)
+        elif isinstance(self.sampler, BulkSampler):
+            rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
             blocks = self.sampler.sample(seeds, rngs, relabel, link)
         else:
+            rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
             blocks = [self.sampler.sample(s, r, relabel, link) for s, r in zip(seeds, rngs)]
         shares = [self.share(b) for b in blocks]
         union = relabel.union([sh.input_ids for sh in shares])
@@ -240,7 +304,7 @@ class MacrobatchService:
             unique_input_nodes=fetched.unique, remote_rows=fetched.remote,
             cache_hits=fetched.cache_hits, feat_bytes=after[0] - before[0],
             comm_bytes=after[1] - before[1])
-        ready = [self.assemble(epoch, s, sd, bl, sh, table)
+        ready = [self.assemble(epoch, s, sd, bl, sh, table, stager)
                  for s, sd, bl, sh in zip(steps, seeds, blocks, shares)]
         stats.sampler_s = time.perf_counter() - t0
         return _Macro(ready, stats)
@@ -256,12 +320,14 @@ class MacrobatchService:
         return _Whole(blocks[0].src_ids)
 
     def assemble(self, epoch: int, step: int, seeds: np.ndarray, blocks: List[Block], share,
-                 table) -> ReadyBatch:
-        """The ready minibatch: operators of the blocks, input features, seed labels."""
+                 table, stager: Stager) -> ReadyBatch:
+        """The ready minibatch: operators of the blocks, input features, seed labels (on the
+        training device, through ``stager``)."""
         st = self.store
         y = self.labels[torch.from_numpy(st.local_index[seeds].astype(np.int64))]
-        return ReadyBatch(epoch, step, seeds, blocks, [b.operator(self.device) for b in blocks],
-                          table.gather(share.input_ids).to(self.device), y.to(self.device))
+        ops = [stager.operator_to_device(b.operator()) for b in blocks]
+        return ReadyBatch(epoch, step, seeds, blocks, ops,
+                          stager.to_device(table.gather(share.input_ids)), stager.to_device(y))
 
 
 @dataclass
