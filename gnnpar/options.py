@@ -8,20 +8,38 @@ import os
 
 from gnnpar.datasets import InputError
 from gnnpar.datasets.owned import check_writable_folder
+from gnnpar.kernels.algorithms import ALGORITHMS
+from gnnpar.kernels.entry import LAYOUT_FLAGS
 
-ALGOS = ("serial", "1d", "1d-halo", "1.5d", "2d", "3d", "4d", "auto")
+#: flags only ``--algo auto`` reads (the cost model's); it chooses the layout flags itself
+AUTO_FLAGS = ("mem_cap", "bandwidth", "latency")
 
-#: flags that only some ``--algo`` values read (in either ``--mode``) -> those values. Any other
-#: algorithm would ignore the flag, so giving it there is refused; ``auto`` sets the grid,
-#: replication and variant itself and is the only reader of the cost-model flags.
-ALGO_ONLY = {
-    "grid": ("2d", "3d", "4d"),
-    "replication": ("1.5d",),
-    "variant": ("1.5d", "2d"),
-    "mem_cap": ("auto",),
-    "bandwidth": ("auto",),
-    "latency": ("auto",),
-}
+
+def algo_choices() -> tuple:
+    """``--algo`` values: ``serial`` (one process, the reference), every registered algorithm
+    (:mod:`gnnpar.kernels.algorithms`), and ``auto`` (the cost model picks)."""
+    return ("serial", *ALGORITHMS, "auto")
+
+
+def algo_only() -> dict:
+    """Flags that only some ``--algo`` values read (in either ``--mode``) -> those values, from
+    each algorithm's ``flags``. Any other algorithm would ignore the flag, so giving it there is
+    refused; ``auto`` sets the layout flags itself and is the only reader of the cost-model
+    flags."""
+    out = {flag: tuple(a.name for a in ALGORITHMS.values() if flag in a.flags)
+           for flag in LAYOUT_FLAGS}
+    out.update({flag: ("auto",) for flag in AUTO_FLAGS})
+    return out
+
+
+def __getattr__(name: str):
+    """``ALGOS`` (:func:`algo_choices`) and ``ALGO_ONLY`` (:func:`algo_only`), read from the
+    registry when asked for, so an algorithm registered at run time is included."""
+    if name == "ALGOS":
+        return algo_choices()
+    if name == "ALGO_ONLY":
+        return algo_only()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan_cli import add_max_memory_arg
     add_max_memory_arg(d)
     g = p.add_argument_group("distributed full-batch")
-    g.add_argument("--algo", default="serial", choices=ALGOS,
+    g.add_argument("--algo", default="serial", choices=algo_choices(),
                    help="SpMM algorithm; serial = one process, the reference; auto = the "
                         "cost model's fastest that fits --mem-cap")
     g.add_argument("--nprocs", type=int, default=None,
@@ -101,8 +119,8 @@ def parser_defaults() -> dict:
 
 
 def check_algo_flags(args) -> None:
-    """Refuse a flag of :data:`ALGO_ONLY` that ``--algo`` would ignore."""
-    for name, readers in ALGO_ONLY.items():
+    """Refuse a flag of :func:`algo_only` that ``--algo`` would ignore."""
+    for name, readers in algo_only().items():
         if args.algo in readers or getattr(args, name) == parser_defaults()[name]:
             continue
         why = "chooses it itself" if args.algo == "auto" else "ignores it"
@@ -136,7 +154,7 @@ def check_args(args) -> None:
     from .sampling.options import check_mode_args
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
-        raise InputError("--nprocs > 1 needs a distributed --algo (1d, 1d-halo, 1.5d, 2d, 3d, 4d)")
+        raise InputError(f"--nprocs > 1 needs a distributed --algo ({', '.join(ALGORITHMS)})")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InputError(f"--timeout must be a finite number > 0 seconds, got {args.timeout}")
     if args.profile is not None and not 0 <= args.profile < args.epochs:

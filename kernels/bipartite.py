@@ -17,7 +17,7 @@ input rows it owns in the next layer: no redistribution between layers.
 Each rank's :class:`BlockShard` looks like a partitioner shard of S (own rows, columns local
 then halo, send/receive lists) with the block's sampled Â values (never renormalised), so
 ``build_operator(algo, shard, comm, norm)`` builds any full-batch algorithm on the group's
-sub-grid (:func:`gnnpar.kernels.build.make_group_grid`) and :class:`BipartiteOperator` hands
+sub-grid (:meth:`gnnpar.kernels.entry.Algorithm.make_group_grid`) and :class:`BipartiteOperator` hands
 the layer only its ``num_dst`` destination rows (``op.num_dst``, the models' contract).
 
 Ownership (:func:`dst_first_owner`): the ids split into nested bands — the seeds
@@ -56,47 +56,8 @@ import torch
 from gnnpar.partitioners.csr_rows import gather_rows
 from gnnpar.partitioners.shard_build import LocalRows
 
+from .algorithms import get_grouped
 from .comm import Comm
-from .grid import ProcessGrid
-
-# ---------------------------------------------------------------------------- group sub-grid
-
-
-@dataclass
-class GroupGrid(ProcessGrid):
-    """One data-parallel group's view of a world grid: ranks numbered ``0 … g−1`` inside the
-    group (``rank`` = world rank − ``offset``), the group's process groups underneath."""
-
-    offset: int = 0
-
-    def world_rank(self, member: int) -> int:
-        return member + self.offset
-
-
-def group_view(world: ProcessGrid, shape: Dict[str, int], combos: Sequence[Sequence[str]]
-               ) -> GroupGrid:
-    """The sub-grid ``shape`` of this rank's slice of ``world`` along its leading ``data`` axis.
-
-    ``shape`` may name ``data`` with size 1 (4d's kernel axes); every other axis must be an
-    axis of ``world``, and each combination in ``combos`` (minus ``data``) must have been
-    built on ``world``. The group's ranks are contiguous (``data`` varies slowest), so local
-    ranks keep the world grid's row-major order.
-    """
-    size = 1
-    for s in shape.values():
-        size *= s
-    offset = world.coord("data") * size
-    grid = GroupGrid(dict(shape), world.rank - offset, offset=offset)
-    grid.coords = {a: (0 if a == "data" else world.coord(a)) for a in shape}
-    for axes in [(a,) for a in shape] + [tuple(c) for c in combos]:
-        inner = tuple(a for a in axes if a != "data")
-        if not inner:
-            grid.members[axes], grid.groups[axes] = (grid.rank,), None
-            continue
-        grid.members[axes] = tuple(m - offset for m in world.ranks_of(inner))
-        grid.groups[axes] = world.group(inner)
-    return grid
-
 
 # ---------------------------------------------------------------------------- ownership
 
@@ -234,9 +195,9 @@ class BipartiteOperator:
 def build_bipartite(algo: str, shard: BlockShard, comm: Comm, norm: str, device=None, **kw
                     ) -> BipartiteOperator:
     """``algo``'s full-batch operator on ``shard`` over ``comm``'s (group) grid, wrapped.
-    Collective over the group (the builders' setup traffic, in ``comm``'s current phase);
-    4d builds with ``full_batch=False`` on its ``data = 1`` sub-grid."""
-    from .build import build_operator
-    if algo == "4d":
-        kw = {"full_batch": False, **kw}
-    return BipartiteOperator(build_operator(algo, shard, comm, norm, device, **kw), shard.num_dst)
+    Collective over the group (the builders' setup traffic, in ``comm``'s current phase); the
+    entry's per-group builder options apply (4d: ``full_batch=False`` on its ``data = 1``
+    sub-grid)."""
+    entry = get_grouped(algo)
+    kw = {**entry.group.build_kw, **kw}
+    return BipartiteOperator(entry.build(shard, comm, norm, device, **kw), shard.num_dst)

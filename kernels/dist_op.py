@@ -3,12 +3,25 @@
 A distributed operator is called like the serial one, ``op(h)`` → Â·h for *this rank's rows*
 (``op.num_dst`` of them, the rows of ``h``), so model code runs unchanged. Forward traffic is
 counted in phase ``forward`` (``eval`` when autograd is off), the backward's in ``backward``.
+A builder may also give the operator ``row_ids`` (the global ids of the rows it owns, when
+they differ from the shard's) and ``take_rows(shard, a)``.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from gnnpar.datasets import InputError
+
 from .comm import Comm
+
+
+def shard_values(shard, norm: str) -> np.ndarray:
+    """The shard's Â values under normalisation ``norm`` (what every builder multiplies by)."""
+    if norm not in shard.values:
+        raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not {norm!r}; "
+                         f"repartition with it")
+    return np.asarray(shard.values[norm])
 
 
 class RowsSpMM(torch.autograd.Function):

@@ -125,3 +125,39 @@ class ProcessGrid:
 
     def describe(self) -> str:
         return "x".join(str(s) for s in self.shape.values()) + " (" + "x".join(self.shape) + ")"
+
+
+@dataclass
+class GroupGrid(ProcessGrid):
+    """One data-parallel group's view of a world grid: ranks numbered ``0 … g−1`` inside the
+    group (``rank`` = world rank − ``offset``), the group's process groups underneath."""
+
+    offset: int = 0
+
+    def world_rank(self, member: int) -> int:
+        return member + self.offset
+
+
+def group_view(world: ProcessGrid, shape: Dict[str, int], combos: Sequence[Sequence[str]]
+               ) -> GroupGrid:
+    """The sub-grid ``shape`` of this rank's slice of ``world`` along its leading ``data`` axis.
+
+    ``shape`` may name ``data`` with size 1 (4d's kernel axes); every other axis must be an
+    axis of ``world``, and each combination in ``combos`` (minus ``data``) must have been
+    built on ``world``. The group's ranks are contiguous (``data`` varies slowest), so local
+    ranks keep the world grid's row-major order.
+    """
+    size = 1
+    for s in shape.values():
+        size *= s
+    offset = world.coord("data") * size
+    grid = GroupGrid(dict(shape), world.rank - offset, offset=offset)
+    grid.coords = {a: (0 if a == "data" else world.coord(a)) for a in shape}
+    for axes in [(a,) for a in shape] + [tuple(c) for c in combos]:
+        inner = tuple(a for a in axes if a != "data")
+        if not inner:
+            grid.members[axes], grid.groups[axes] = (grid.rank,), None
+            continue
+        grid.members[axes] = tuple(m - offset for m in world.ranks_of(inner))
+        grid.groups[axes] = world.group(inner)
+    return grid

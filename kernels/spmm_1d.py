@@ -17,8 +17,10 @@ import numpy as np
 import torch
 
 from .comm import Comm
-from .dist_op import DistOperator
-from .local import csr_tensor, transpose_csr
+from .cost_terms import Cost, LinearCounts, coll, per_feature
+from .dist_op import DistOperator, shard_values
+from .entry import Algorithm, GroupRule, group_of_size
+from .local import as_tensor, csr_tensor, transpose_csr
 
 AXIS = "row"
 
@@ -47,3 +49,54 @@ class Op1D(DistOperator):
 
     def backward_rows(self, grad):
         return self.comm.reduce_scatter(torch.sparse.mm(self.AT, grad), AXIS, self.sizes)
+
+
+def row_axis(world: int, dims=None, replication: int = 1) -> dict:
+    """The grid of the 1D algorithms: every rank on axis ``row``."""
+    return {"row": world}
+
+
+def partition_order(shard, comm: Comm, norm: str):
+    """(indptr, indices, values, sizes): the shard's rows with columns (local + halo) renumbered
+    to positions in partition order, from every part's id list (one setup all-gather)."""
+    with comm.in_phase("setup"):
+        sizes = [int(t) for t in torch.cat(comm.all_gather(
+            torch.tensor([shard.n_local]), AXIS))]
+        ids = comm.all_gather(as_tensor(shard.global_ids, np.int64), AXIS, sizes)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    halo = np.asarray(shard.halo_ids)
+    recv = np.concatenate([[0], np.cumsum(shard.recv_counts)])
+    halo_pos = np.empty(halo.shape[0], np.int64)
+    for q in range(len(sizes)):  # one vectorised lookup per owner rank
+        part = halo[recv[q]:recv[q + 1]]
+        halo_pos[recv[q]:recv[q + 1]] = offsets[q] + np.searchsorted(ids[q].numpy(), part)
+    me = comm.grid.coord(AXIS)
+    col_pos = np.concatenate([offsets[me] + np.arange(shard.n_local), halo_pos])
+    indices = col_pos[np.asarray(shard.indices)]
+    # renumbering breaks the within-row column order only across local/halo; sort each row
+    indptr = np.asarray(shard.indptr)
+    rows = np.repeat(np.arange(shard.n_local), np.diff(indptr))
+    order = np.lexsort((indices, rows))
+    return indptr, indices[order], shard_values(shard, norm)[order], sizes
+
+
+def build_1d(shard, comm: Comm, norm: str, device=None) -> Op1D:
+    indptr, indices, values, sizes = partition_order(shard, comm, norm)
+    return Op1D(comm, indptr, indices, values, sizes, device)
+
+
+def exact_1d(s, dims, variant, layers, rotate) -> LinearCounts:
+    p, n_r = s.p, s.sizes
+    n = int(n_r.sum())
+    return LinearCounts(((p - 1) * n_r, n - n_r), (np.full(p, coll(p)), np.full(p, coll(p))))
+
+
+def estimate_1d(s, dims, variant):
+    p, n, nr = s.p, s.n, s.nr
+    return per_feature((p - 1) * nr, n - nr, coll(p), coll(p), n)
+
+
+SPMM_1D = Algorithm(
+    name="1d", axes=("row",), shape=row_axis, builder=build_1d,
+    group=GroupRule(group_of_size),
+    cost=Cost(exact_1d, estimate_1d, candidates=lambda p: [(None, "bcast")]))

@@ -14,9 +14,12 @@ from __future__ import annotations
 import torch
 
 from .comm import Comm
-from .dist_op import DistOperator
+from .cost_terms import Cost, LinearCounts, distinct, partners, per_feature, plan_counts
+from .dist_op import DistOperator, shard_values
+from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
 from .local import csr_tensor, transpose_csr
+from .spmm_1d import row_axis
 
 AXIS = "row"
 
@@ -40,3 +43,26 @@ class Op1DHalo(DistOperator):
     def backward_rows(self, grad):
         g_ext = torch.sparse.mm(self.AT, grad)
         return self.plan.scatter_back(self.comm, g_ext, self.num_src, AXIS)
+
+
+def build_1d_halo(shard, comm: Comm, norm: str, device=None) -> Op1DHalo:
+    plan = HaloPlan.from_arrays(shard.send_local, shard.send_counts, shard.recv_counts, device)
+    return Op1DHalo(comm, shard.indptr, shard.indices, shard_values(shard, norm), shard.n_local,
+                    plan, device)
+
+
+def exact_1d_halo(s, dims, variant, layers, rotate) -> LinearCounts:
+    recv, send, rm, sm = plan_counts(s.p, s.owner[s.rows], s.cols, s.owner[s.cols])
+    return LinearCounts((send, recv), (sm, rm))
+
+
+def estimate_1d_halo(s, dims, variant):
+    h = distinct(s.cut * s.mr, s.n - s.nr)
+    k = partners(s.cut * s.mr, s.p)
+    return per_feature(h, h, k, k, h)
+
+
+SPMM_1D_HALO = Algorithm(
+    name="1d-halo", axes=("row",), shape=row_axis, builder=build_1d_halo,
+    group=GroupRule(group_of_size),
+    cost=Cost(exact_1d_halo, estimate_1d_halo, candidates=lambda p: [(None, "halo")]))

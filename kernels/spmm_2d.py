@@ -42,10 +42,54 @@ from gnnpar.datasets import InputError
 from .blocks import (Ownership, compact_plan, coo_to_csr, exchange, rank_of, coords_of,
                      shard_entries, take_owned_rows, world_axes)
 from .comm import Comm
-from .dist_op import DistOperator
+from .cost_terms import (Cost, LinearCounts, coll, distinct, factorisations, partners,
+                         per_feature, plan_counts)
+from .dist_op import DistOperator, shard_values
+from .entry import Algorithm, GroupRule, group_of_grid, variant_option
 from .local import csr_tensor, transpose_csr
 
-VARIANTS = ("halo", "bcast")
+class DenseAxis:
+    """Variant ``bcast`` on one axis: all-gather the members' rows in, reduce-scatter out.
+    A non-zero's position on the axis is its member's offset plus its local row."""
+
+    def __init__(self, comm: Comm, axis, sizes):
+        self.comm, self.axis, self.sizes = comm, axis, list(sizes)
+        self.width = sum(self.sizes)
+
+    @classmethod
+    def build(cls, comm: Comm, axis, member, local, sizes, n_own, device=None):
+        """(positions of the non-zeros on the axis, the strategy)."""
+        return np.concatenate([[0], np.cumsum(sizes)])[member] + local, cls(comm, axis, sizes)
+
+    def gather(self, h):
+        return torch.cat(self.comm.all_gather(h, self.axis, self.sizes))
+
+    def reduce(self, y):
+        return self.comm.reduce_scatter(y, self.axis, self.sizes)
+
+
+class HaloAxis:
+    """Variant ``halo`` on one axis: only the rows some non-zero touches move (a compacted
+    plan, built once: own rows first, then the touched remote rows)."""
+
+    def __init__(self, comm: Comm, axis, plan, n_own: int):
+        self.comm, self.axis, self.plan, self.n_own = comm, axis, plan, n_own
+        self.width = n_own + plan.num_halo
+
+    @classmethod
+    def build(cls, comm: Comm, axis, member, local, sizes, n_own, device=None):
+        pos, plan = compact_plan(comm, axis, member, local, n_own, device)
+        return pos, cls(comm, axis, plan, n_own)
+
+    def gather(self, h):
+        return self.plan.gather(self.comm, h, self.axis)
+
+    def reduce(self, y):
+        return self.plan.scatter_back(self.comm, y, self.n_own, self.axis)
+
+
+#: variant -> how one axis moves rows (chosen once, when the operator is built)
+VARIANTS = {"halo": HaloAxis, "bcast": DenseAxis}
 
 
 class BlockOp(DistOperator):
@@ -59,55 +103,28 @@ class BlockOp(DistOperator):
                  variant: str, device=None):
         if variant not in VARIANTS:
             raise InputError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-        self.comm, self.variant = comm, variant
-        self.in_axis, self.out_axis = in_axis, out_axis
-        self.in_sizes, self.out_sizes = list(in_sizes), list(out_sizes)
+        self.comm = comm
         grid = comm.grid
         me_in = grid.ranks_of(in_axis).index(grid.rank)
         me_out = grid.ranks_of(out_axis).index(grid.rank)
-        self.num_src = self.num_dst = self.in_sizes[me_in]
-        assert self.out_sizes[me_out] == self.num_dst
+        self.num_src = self.num_dst = list(in_sizes)[me_in]
+        assert list(out_sizes)[me_out] == self.num_dst
         (rm, rl), (cm, cl) = rows, cols
-        if variant == "bcast":
-            r = np.concatenate([[0], np.cumsum(self.out_sizes)])[rm] + rl
-            c = np.concatenate([[0], np.cumsum(self.in_sizes)])[cm] + cl
-            shape = (sum(self.out_sizes), sum(self.in_sizes))
-        else:
-            r, self.plan_out = compact_plan(comm, out_axis, rm, rl, self.num_dst, device)
-            c, self.plan_in = compact_plan(comm, in_axis, cm, cl, self.num_src, device)
-            shape = (self.num_dst + self.plan_out.num_halo, self.num_src + self.plan_in.num_halo)
+        axis = VARIANTS[variant]
+        r, self.out = axis.build(comm, out_axis, rm, rl, out_sizes, self.num_dst, device)
+        c, self.inp = axis.build(comm, in_axis, cm, cl, in_sizes, self.num_src, device)
+        shape = (self.out.width, self.inp.width)
         arrays = coo_to_csr(r, c, vals, shape)
         self.nnz = int(arrays[1].shape[0])
         self.A = csr_tensor(*arrays, shape, device)
         self.AT = csr_tensor(*transpose_csr(*arrays, shape), shape[::-1], device)
 
-    def gather_in(self, h):
-        if self.variant == "bcast":
-            return torch.cat(self.comm.all_gather(h, self.in_axis, self.in_sizes))
-        return self.plan_in.gather(self.comm, h, self.in_axis)
-
-    def reduce_out(self, y):
-        if self.variant == "bcast":
-            return self.comm.reduce_scatter(y, self.out_axis, self.out_sizes)
-        return self.plan_out.scatter_back(self.comm, y, self.num_dst, self.out_axis)
-
-    def gather_out(self, g):
-        if self.variant == "bcast":
-            return torch.cat(self.comm.all_gather(g, self.out_axis, self.out_sizes))
-        return self.plan_out.gather(self.comm, g, self.out_axis)
-
-    def reduce_in(self, y):
-        if self.variant == "bcast":
-            return self.comm.reduce_scatter(y, self.in_axis, self.in_sizes)
-        return self.plan_in.scatter_back(self.comm, y, self.num_src, self.in_axis)
-
     def forward_rows(self, h):
         """Gather along ``in_axis``, local block product, reduce along ``out_axis``."""
-        return self.reduce_out(torch.sparse.mm(self.A, self.gather_in(h)))
+        return self.out.reduce(torch.sparse.mm(self.A, self.inp.gather(h)))
 
     def backward_rows(self, grad):
-        return self.reduce_in(torch.sparse.mm(self.AT, self.gather_out(grad)))
-
+        return self.inp.reduce(torch.sparse.mm(self.AT, self.out.gather(grad)))
 
 
 def ownership(shard, comm: Comm, permute: bool, seed: int) -> Ownership:
@@ -148,10 +165,57 @@ def attach_ownership(op, shard, comm: Comm, own: Ownership):
     return op
 
 
-def build_2d(shard, comm: Comm, values, device=None, variant: str = "halo",
+def build_2d(shard, comm: Comm, norm: str, device=None, variant: str = "halo",
              permute: bool = False, seed: int = 0) -> BlockOp:
+    """``variant="halo"`` by default: it never moves more bytes than ``"bcast"``."""
     if set(comm.grid.shape) != {"row", "col"}:
         raise InputError(f"2d needs a row x col grid, got {comm.grid.describe()}")
     own = ownership(shard, comm, permute, seed)
-    op = build_block_op(shard, comm, values, own, "row", "col", variant, device)
+    op = build_block_op(shard, comm, shard_values(shard, norm), own, "row", "col", variant,
+                        device)
     return attach_ownership(op, shard, comm, own)
+
+
+# ---------------------------------------------------------------- registry entry
+def row_col(world: int, dims=None, replication: int = 1) -> dict:
+    if dims is None or len(dims) != 2:
+        raise InputError(f"2d needs --grid PRxPC with PR*PC = {world}, got {dims}")
+    return {"row": dims[0], "col": dims[1]}
+
+
+def exact_2d(s, dims, variant, layers, rotate) -> LinearCounts:
+    (pr, pc), n_r = dims, s.sizes
+    q = np.arange(s.p)
+    i, j = q // pc, q % pc
+    ou, ov = s.owner[s.rows], s.owner[s.cols]
+    if variant == "bcast":
+        R = np.bincount(i, weights=n_r, minlength=pr).astype(np.int64)[i]
+        C = np.bincount(j, weights=n_r, minlength=pc).astype(np.int64)[j]
+        return LinearCounts(((pr - 1) * n_r + R - n_r, (pc - 1) * n_r + C - n_r),
+                            (np.full(s.p, coll(pr) + coll(pc)),) * 2)
+    dest = (ou // pc) * pc + ov % pc
+    ir, is_, irm, ism = plan_counts(s.p, dest, s.cols, ov)
+    orr, os_, orm, osm = plan_counts(s.p, dest, s.rows, ou)
+    return LinearCounts((is_ + orr, os_ + ir), (ism + orm, osm + irm))
+
+
+def estimate_2d(s, dims, variant):
+    (pr, pc), n, nr, mr = dims, s.n, s.nr, s.mr
+    R, C = n / pr, n / pc
+    if variant == "bcast":
+        return per_feature((pr - 1) * nr + R - nr, (pc - 1) * nr + C - nr, coll(pr) + coll(pc),
+                           coll(pr) + coll(pc), R + C)
+    hin = distinct(mr * s.scale * (1 - 1 / pr), C - nr)
+    hout = distinct(mr * s.scale * (1 - 1 / pc), R - nr)
+    k = partners(mr * s.scale * (1 - 1 / pr), pr) + partners(mr * s.scale * (1 - 1 / pc), pc)
+    return per_feature(hin + hout, hin + hout, k, k, hin + hout)
+
+
+def candidates_2d(p: int):
+    return [(dims, v) for dims in factorisations(p, 2) for v in VARIANTS]
+
+
+SPMM_2D = Algorithm(
+    name="2d", axes=("row", "col"), shape=row_col, builder=build_2d, flags=("grid", "variant"),
+    option_rule=variant_option, group=GroupRule(group_of_grid),
+    cost=Cost(exact_2d, estimate_2d, candidates=candidates_2d))

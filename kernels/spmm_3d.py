@@ -26,7 +26,7 @@ f·n_me·(pz−1)/pz·2 (the two all-to-alls, exactly: Σ of the slices sent to 
 + (px−1)·N_xy·|F_z| (all-gather) + (|R_x| − N_xy)·|F_z| (reduce-scatter)
 + (pz−1)·(8·(rows_z + 1) + 12·nnz_z) bytes of Â (indptr, int64 indices, float32 values)
 ≈ 3m/p^(2/3) + nf/(py·pz) + nf/(px·pz) + 2nf/p words of 4 bytes for a cube (an int64 index
-and a float32 value are 3 words per non-zero), the shape of DESIGN's table.
+and a float32 value are 3 words per non-zero).
 The backward moves the same amounts with X and Y swapped and Âᵀ pieces (indptr |C_y| + 1).
 
 Per-layer rotation: layer l uses roles (X, Y, Z) = the axes (row, col, depth) rotated by l, so
@@ -46,7 +46,9 @@ from gnnpar.datasets import InputError
 
 from .blocks import coo_to_csr, coords_of, exchange, rank_of, shard_entries, world_axes
 from .comm import Comm
-from .dist_op import DistOperator
+from .cost_terms import F32, Cost, coll, factorisations
+from .dist_op import DistOperator, shard_values
+from .entry import Algorithm, GroupRule, group_of_grid, layers_option
 from .local import transpose_csr
 from .spmm_2d import attach_ownership, ownership
 
@@ -159,7 +161,7 @@ class Op3D(DistOperator):
 
 
 
-def build_3d_ops(shard, comm: Comm, values, device=None, layers: int = 0, rotate: bool = True,
+def build_3d_ops(shard, comm: Comm, norm: str, device=None, layers: int = 0, rotate: bool = True,
                  permute: bool = False, seed: int = 0):
     """One :class:`Op3D` (``layers=0`` or ``rotate=False``) or a list of ``layers`` operators
     cycling through the three orientations (built once each)."""
@@ -167,7 +169,7 @@ def build_3d_ops(shard, comm: Comm, values, device=None, layers: int = 0, rotate
     if not set(AXES3) <= set(grid.shape):
         raise InputError(f"3d needs a row x col x depth grid, got {grid.describe()}")
     own = ownership(shard, comm, permute, seed)
-    u0, v0, val0 = shard_entries(shard, values)
+    u0, v0, val0 = shard_entries(shard, shard_values(shard, norm))
     count = min(layers, 3) if (layers and rotate) else 1
     built = []
     for k in range(count):
@@ -197,3 +199,117 @@ def build_3d_ops(shard, comm: Comm, values, device=None, layers: int = 0, rotate
     if not layers or not rotate:
         return built[0] if not layers else [built[0]] * layers
     return [built[k % 3] for k in range(layers)]
+
+
+# ---------------------------------------------------------------- registry entry
+def cube(world: int, dims=None, replication: int = 1) -> dict:
+    if dims is None or len(dims) != 3:
+        raise InputError(f"3d needs --grid PXxPYxPZ with product {world}, got {dims}")
+    return dict(zip(AXES3, dims))
+
+
+#: the pairs of the cube's axes (each orientation's all-gathers and reduce-scatters)
+CUBE_PAIRS = tuple(tuple(a for a in AXES3 if a != b) for b in AXES3)
+
+
+class CubeCounts:
+    """Exact per-rank counts of the 3d kernel on a (px, py, pz) grid: per orientation used,
+    the sizes its collectives move (feature slices make bytes non-linear in f)."""
+
+    def __init__(self, s, dims, layers: int, rotate: bool):
+        self.n_r, self.dims = s.sizes, dims
+        self.orients = []
+        axis_size = dict(zip(AXES3, dims))
+        count = min(layers, 3) if (layers and rotate) else 1
+        q = np.arange(s.p)
+        coords = dict(zip(AXES3, np.unravel_index(q, dims)))
+        for k in range(count):
+            X, Y, Z = orientation(k)
+            px, py, pz = axis_size[X], axis_size[Y], axis_size[Z]
+            x, y, z = coords[X], coords[Y], coords[Z]
+            Nxy = np.bincount(x * py + y, weights=self.n_r, minlength=px * py).astype(np.int64)
+            R = np.bincount(x, weights=self.n_r, minlength=px).astype(np.int64)
+            C = np.bincount(y, weights=self.n_r, minlength=py).astype(np.int64)
+            # piece of each non-zero: position of its row in R_x (y-major, z-minor ranks)
+            ou, ov = s.owner[s.rows], s.owner[s.cols]
+            start = np.zeros(s.p, np.int64)
+            for xv in range(px):
+                members = q[x == xv][np.argsort(y[x == xv] * pz + z[x == xv], kind="stable")]
+                start[members] = np.concatenate([[0], np.cumsum(self.n_r[members])])[:-1]
+            by_owner = np.argsort(s.owner, kind="stable")
+            local = np.empty(s.owner.shape[0], np.int64)
+            first = np.concatenate([[0], np.cumsum(self.n_r)])[:-1]
+            local[by_owner] = np.arange(by_owner.shape[0]) - first[s.owner[by_owner]]
+            pos = start[ou] + local[s.rows]
+            bounds = (R[x[ou]][:, None] * np.arange(pz + 1)[None, :]) // pz
+            piece = (bounds[:, 1:] <= pos[:, None]).sum(1)
+            dest = np.ravel_multi_index(
+                tuple({X: x[ou], Y: y[ov], Z: piece}[a] for a in AXES3), dims)
+            nnz = np.bincount(dest, minlength=s.p)
+            rows_z = (R[x] * (z + 1)) // pz - (R[x] * z) // pz
+            self.orients.append(dict(pz=pz, px=px, py=py, z=z, Nxy=Nxy[x * py + y], R=R[x],
+                                     C=C[y], nnz=nnz, rows_z=rows_z,
+                                     zgroup=np.stack([np.ravel_multi_index(tuple(
+                                         {X: x, Y: y, Z: np.full(s.p, zz)}[a]
+                                         for a in AXES3), dims)
+                                         for zz in range(pz)], 1)))
+
+    def spmm(self, f: int, layer: int):
+        """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank."""
+        o = self.orients[layer % len(self.orients)]
+        pz, px, py, z = o["pz"], o["px"], o["py"], o["z"]
+        wb = [(f * k) // pz for k in range(pz + 1)]
+        w = np.diff(wb)
+        wz = w[z]
+        n_me = self.n_r
+        nz = self.n_r[o["zgroup"]]                       # (p, pz) owned rows of (x, y, ·)
+        not_me = np.arange(pz)[None, :] != z[:, None]
+        split_b = (n_me[:, None] * w[None, :] * not_me).sum(1) * F32
+        split_m = ((n_me[:, None] * w[None, :] > 0) & not_me).sum(1)
+        join_b = (nz * wz[:, None] * not_me).sum(1) * F32
+        join_m = ((nz * wz[:, None] > 0) & not_me).sum(1)
+        a_fwd = coll(pz) * (8 * (o["rows_z"] + 1) + 12 * o["nnz"])
+        a_bwd = coll(pz) * (8 * (o["C"] + 1) + 12 * o["nnz"])
+        fwd_b = (split_b + coll(px) * o["Nxy"] * wz * F32 + a_fwd
+                 + (o["R"] - o["Nxy"]) * wz * F32 * (py > 1) + join_b)
+        bwd_b = (split_b + coll(py) * o["Nxy"] * wz * F32 + a_bwd
+                 + (o["C"] - o["Nxy"]) * wz * F32 * (px > 1) + join_b)
+        fwd_m = split_m + coll(px) + 3 * coll(pz) + coll(py) + join_m
+        bwd_m = split_m + coll(py) + 3 * coll(pz) + coll(px) + join_m
+        return fwd_b, fwd_m, bwd_b, bwd_m
+
+
+def exact_3d(s, dims, variant, layers, rotate) -> CubeCounts:
+    return CubeCounts(s, dims, layers, rotate)
+
+
+def estimate_3d(s, dims, variant):
+    (px, py, pz), n, nr, mr = dims, s.n, s.nr, s.mr
+    R, C, Nxy = n / px, n / py, n / (px * py)
+    a_f = coll(pz) * (8 * (R / pz + 1) + 12 * mr)
+    a_b = coll(pz) * (8 * (C + 1) + 12 * mr)
+
+    def spmm(f: int, back: bool):
+        wz = f / pz
+        split = nr * f * (pz - 1) / pz * F32 * 2
+        fb = split + ((px - 1) * Nxy + (R - Nxy)) * wz * F32 + a_f
+        bb = split + ((py - 1) * Nxy + (C - Nxy)) * wz * F32 + a_b
+        k = 2 * coll(pz) + coll(px) + coll(py) + 3 * coll(pz)
+        return fb + (bb if back else 0), k * (2 if back else 1), (R + C) * wz
+    return spmm
+
+
+def matrix_bytes_3d(a, n, m, dims, layers):
+    """One Â piece per orientation used, plus the gathered block Â[R_x, C_y]."""
+    px, py, pz = dims
+    return a * (min(layers, 3) if layers else 1) + 12 * m / (px * py) + 8 * n / px
+
+
+def candidates_3d(p: int):
+    return [(dims, "-") for dims in factorisations(p, 3)]
+
+
+SPMM_3D = Algorithm(
+    name="3d", axes=AXES3, shape=cube, builder=build_3d_ops, flags=("grid",),
+    option_rule=layers_option, extra_combos=CUBE_PAIRS, group=GroupRule(group_of_grid),
+    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, candidates_3d))

@@ -21,10 +21,13 @@ from __future__ import annotations
 from gnnpar.datasets import InputError
 
 from .comm import Comm
-from .spmm_3d import build_3d_ops
+from .cost_terms import Cost
+from .entry import Algorithm, GroupRule, layers_option
+from .spmm_3d import (AXES3, CUBE_PAIRS, build_3d_ops, cube, estimate_3d, exact_3d,
+                      matrix_bytes_3d)
 
 
-def build_4d_ops(shard, comm: Comm, values, device=None, full_batch: bool = True, **kw):
+def build_4d_ops(shard, comm: Comm, norm: str, device=None, full_batch: bool = True, **kw):
     d = comm.grid.shape.get("data")
     if d is None:
         raise InputError(f"4d needs a data x row x col x depth grid, got {comm.grid.describe()}")
@@ -32,4 +35,32 @@ def build_4d_ops(shard, comm: Comm, values, device=None, full_batch: bool = True
         raise InputError(f"4d in full-batch training needs the data-parallel axis d = 1 (one "
                          f"graph, one 3D group), got d = {d} in grid {comm.grid.describe()}; "
                          f"use d > 1 with mini-batch training")
-    return build_3d_ops(shard, comm, values, device, **kw)
+    return build_3d_ops(shard, comm, norm, device, **kw)
+
+
+# ---------------------------------------------------------------- registry entry
+def data_cube(world: int, dims=None, replication: int = 1) -> dict:
+    """``--grid`` DxPXxPYxPZ, or PXxPYxPZ with d = 1."""
+    if dims is not None and len(dims) == 4:
+        return {"data": dims[0], **cube(world, dims[1:])}
+    if dims is None or len(dims) != 3:
+        raise InputError(f"4d needs --grid PXxPYxPZ with product {world}, got {dims}")
+    return {"data": 1, **cube(world, dims)}
+
+
+def group_of_cubes(algo, world, group_size, dims, replication):
+    """A group is one PXxPYxPZ cube (``data`` = 1 inside it); DxPXxPYxPZ also fixes d."""
+    if dims is None or len(dims) not in (3, 4):
+        raise InputError(f"4d needs --grid DxPXxPYxPZ (or PXxPYxPZ), got {dims}")
+    px, py, pz = dims[-3:]
+    return (px * py * pz, {"data": 1, "row": px, "col": py, "depth": pz},
+            dims[0] if len(dims) == 4 else None)
+
+
+#: full batch: 3d's counts (d = 1, the 3d group is the world); ``--algo auto`` ranks 3d
+#: instead, so 4d is not listed twice.
+SPMM_4D = Algorithm(
+    name="4d", axes=("data",) + AXES3, shape=data_cube, builder=build_4d_ops, flags=("grid",),
+    option_rule=layers_option, extra_combos=CUBE_PAIRS,
+    group=GroupRule(group_of_cubes, {"full_batch": False}),
+    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d))

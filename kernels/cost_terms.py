@@ -1,0 +1,184 @@
+"""The pieces every algorithm's cost-model entry is written with (no algorithm names here).
+
+An algorithm's :class:`Cost` (its field ``cost`` in :mod:`gnnpar.kernels.algorithms`) says, in
+the terms of :mod:`gnnpar.kernels.cost_model`:
+
+- ``exact(structure, dims, variant, layers, rotate)``: an object whose ``spmm(f, layer)``
+  returns per-rank arrays ``(fwd bytes, fwd msgs, bwd bytes, bwd msgs)`` of one SpMM of width
+  f, equal to what :class:`gnnpar.kernels.comm.Comm` counts (:class:`LinearCounts` when the
+  rows sent do not depend on f);
+- ``estimate(sizes, dims, variant)``: a function ``(f, needs_backward) -> (bytes, messages,
+  recv_rows)`` for the average rank of a graph known only by its :class:`Sizes`
+  (:func:`per_feature` when the rows sent do not depend on f);
+- ``matrix_bytes(a, n, m, dims, layers)`` (optional): peak bytes of Â a rank stores, given
+  ``a`` = Â and Âᵀ as CSR over its owned rows (the default when absent);
+- ``candidates(p)`` (optional): the ``(dims, variant)`` pairs ``--algo auto`` and
+  ``gnnpar-plan`` rank at world size p; absent = never chosen automatically.
+
+``dims`` is the algorithm's grid in the cost model's convention: None (1D), c (1.5d),
+(pr, pc) (2d), (px, py, pz) (3d/4d).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from gnnpar.datasets.normalize import union_structure
+
+F32 = 4
+
+
+# ----------------------------------------------------------------- the model's workload
+def spmm_widths(kind: str, widths: Sequence[int]):
+    """[(f, needs_backward)] per layer: GCN and SAGE aggregate at min(f_in, f_out); the first
+    layer's SpMM has no backward when it reads the raw features (f_in ≤ f_out)."""
+    out = []
+    for l, (fi, fo) in enumerate(zip(widths[:-1], widths[1:])):
+        out.append((min(fi, fo), l > 0 or fi > fo))
+    return out
+
+
+def param_count(kind: str, widths: Sequence[int]) -> int:
+    """Parameters of :class:`gnnpar.models.GNN` (GCN: W + b; SAGE: W_neigh + b + W_root)."""
+    per = {"gcn": lambda a, b: a * b + b, "sage": lambda a, b: 2 * a * b + b}[kind]
+    return int(sum(per(a, b) for a, b in zip(widths[:-1], widths[1:])))
+
+
+def _chunk(numel: int, g: int, i):
+    return numel // g + (np.asarray(i) < numel % g)
+
+
+def allreduce_bytes(numel: int, p: int) -> np.ndarray:
+    """Comm.all_reduce's count of a float32 tensor over p ranks, per rank."""
+    if p == 1:
+        return np.zeros(1, np.int64)
+    return 2 * (numel - _chunk(numel, p, np.arange(p))) * F32
+
+
+def coll(g, present=True):
+    """Messages one rank sends in a collective over g ranks (Comm's rule)."""
+    return (g - 1) if (g > 1 and present) else 0
+
+
+def factorisations(p: int, k: int):
+    """Every ordered k-tuple of positive integers whose product is p."""
+    if k == 1:
+        yield (p,)
+        return
+    for d in range(1, p + 1):
+        if p % d == 0:
+            for rest in factorisations(p // d, k - 1):
+                yield (d,) + rest
+
+
+# ----------------------------------------------------------------- exact per-rank counts
+@dataclass
+class Structure:
+    """Â's non-zeros as (row, col) global ids and each vertex's owner rank (p ranks)."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    owner: np.ndarray
+    p: int
+
+    @classmethod
+    def from_graph(cls, graph, owner, p: int) -> "Structure":
+        indptr, indices, _ = union_structure(graph)
+        rows = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
+        return cls(rows, np.asarray(indices, np.int64), np.asarray(owner, np.int64), p)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.bincount(self.owner, minlength=self.p).astype(np.int64)
+
+
+def plan_counts(p, dest, item, item_owner):
+    """Distinct (dest, item) pairs with a remote owner: (recv rows, send rows, recv msgs,
+    send msgs) per rank — a :class:`HaloPlan` built by ``compact_plan`` or the 1D shards."""
+    keep = item_owner != dest
+    n = int(item.max(initial=0)) + 1
+    key = np.unique(dest[keep] * n + item[keep])
+    d, it = key // n, key % n
+    # owner of each distinct item (items keep their owner whatever the destination)
+    lookup = np.zeros(n, np.int64)
+    lookup[item[keep]] = item_owner[keep]
+    o = lookup[it]
+    recv = np.bincount(d, minlength=p)
+    send = np.bincount(o, minlength=p)
+    pairs = np.unique(d * p + o)
+    recv_msgs = np.bincount(pairs // p, minlength=p)
+    send_msgs = np.bincount(pairs % p, minlength=p)
+    return recv, send, recv_msgs, send_msgs
+
+
+class LinearCounts:
+    """Exact counts of a kernel whose rows sent do not depend on f: ``rows`` = (fwd, bwd) rows
+    each rank sends per feature, ``msgs`` = (fwd, bwd) messages, per-rank arrays."""
+
+    def __init__(self, rows, msgs):
+        self.rows, self.msgs = rows, msgs
+
+    def spmm(self, f: int, layer: int):
+        """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank."""
+        return (self.rows[0] * f * F32, self.msgs[0], self.rows[1] * f * F32, self.msgs[1])
+
+
+# ----------------------------------------------------------------- estimates (no partition)
+@dataclass(frozen=True)
+class Sizes:
+    """What an estimate knows: n vertices, m non-zeros, p ranks and the share ``cut`` of
+    non-zeros whose column another rank owns (default 1 − 1/p, a random partition)."""
+
+    n: int
+    m: int
+    p: int
+    cut: float
+
+    @classmethod
+    def of(cls, n: int, m: int, p: int, cut_fraction: Optional[float] = None) -> "Sizes":
+        cut = (1.0 - 1.0 / p) if cut_fraction is None else float(cut_fraction)
+        return cls(n, m, p, cut)
+
+    @property
+    def nr(self) -> float:
+        return self.n / self.p
+
+    @property
+    def mr(self) -> float:
+        return self.m / self.p
+
+    @property
+    def scale(self) -> float:
+        """The cut relative to a random partition's."""
+        return self.cut / (1.0 - 1.0 / self.p) if self.p > 1 else 0.0
+
+
+def distinct(e: float, w: float) -> float:
+    """Expected distinct rows hit by e uniform non-zeros over w candidate rows."""
+    return w * (1.0 - np.exp(-e / w)) if w > 0 and e > 0 else 0.0
+
+
+def partners(rows: float, g: int) -> float:
+    """Expected ranks (of g − 1 others) that send at least one of ``rows`` uniform rows."""
+    return (g - 1) * (1.0 - np.exp(-rows / (g - 1))) if g > 1 else 0.0
+
+
+def per_feature(fwd_rows, bwd_rows, fwd_msgs, bwd_msgs, recv_rows):
+    """An estimate whose rows sent do not depend on f: rows and received rows per feature."""
+    def spmm(f: int, back: bool):
+        return ((fwd_rows + (bwd_rows if back else 0)) * f * F32,
+                fwd_msgs + (bwd_msgs if back else 0), recv_rows * f)
+    return spmm
+
+
+# ----------------------------------------------------------------- an algorithm's entry
+@dataclass(frozen=True)
+class Cost:
+    """An algorithm's cost-model entry (see the module docstring for each field)."""
+
+    exact: Callable
+    estimate: Callable
+    matrix_bytes: Optional[Callable] = None
+    candidates: Optional[Callable] = None
