@@ -159,8 +159,3 @@ def load_cache(folder: str, mmap: bool = True, verify: bool = False) -> Graph:
     if verify and graph.fingerprint() != meta.get("fingerprint"):
         raise InputError(f"corrupt cache {folder}: content fingerprint differs from meta.json")
     return graph
-
-
-def cache_info(folder: str) -> dict:
-    """meta.json of a cache folder (checked for format and version)."""
-    return _read_meta(folder)

@@ -38,7 +38,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Tuple
 
+import torch
+import torch.distributed as dist
+
 from gnnpar.datasets import InputError
+from gnnpar.kernels.comm import init_process_group
 
 MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
@@ -320,7 +324,6 @@ def gpu_for_rank(info: WorldInfo) -> Optional[int]:
     local rank), or when SLURM bound GPUs per task (``--gpus-per-task``: each task sees its
     own, as device 0).
     """
-    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n == 0:
         return None
@@ -341,7 +344,6 @@ class DistContext:
 
 def resolve_backend(choice: str, info: WorldInfo) -> Tuple[str, Optional[int]]:
     """``auto`` → ``nccl`` when each rank owns a GPU, else ``gloo``; check explicit choices."""
-    import torch.distributed as dist
     gpu = gpu_for_rank(info)
     if choice == "auto":
         return ("nccl" if gpu is not None else "gloo"), gpu
@@ -362,7 +364,6 @@ def resolve_backend(choice: str, info: WorldInfo) -> Tuple[str, Optional[int]]:
 
 
 def _gpu_count() -> int:
-    import torch
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -373,9 +374,6 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
     ``timeout`` (seconds) bounds rendezvous and every collective. A ``single`` world gets a
     one-rank group on an in-memory store. ``local`` is the spawning parent, not a rank.
     """
-    import torch
-    import torch.distributed as dist
-    from gnnpar.kernels.comm import init_process_group
     if info.source == "local":
         raise ValueError("a local (--nprocs) world is joined by its spawned children, "
                          "not by the parent")
@@ -395,6 +393,5 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
 
 def shutdown() -> None:
     """Leave the process group if this process is in one (safe to call twice)."""
-    import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -24,18 +24,21 @@ written. :class:`FolderLock` keeps a second run out of a folder.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
 import os
 import random
 import re
+import socket
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from gnnpar.datasets import InputError
 from gnnpar.kernels.comm import control_all_reduce
@@ -305,7 +308,6 @@ def check_expect(path: str, meta: Mapping[str, Any],
 def agree_on_step(steps: List[int], group=None) -> Optional[int]:
     """The newest step that every rank of ``group`` holds in ``steps`` (its good steps), or
     None. All ranks call it together; each round is two small all-reduces."""
-    import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return max(steps) if steps else None
     have = set(int(s) for s in steps)
@@ -329,7 +331,6 @@ def agree_on_error(message: Optional[str], group=None) -> Optional[str]:
     """Every rank of ``group`` learns the message of the lowest rank that has one (None when
     no rank has): ranks that refuse a setting together fail with the same words. All ranks
     call it together; two small all-reduces."""
-    import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return message
     rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -361,8 +362,6 @@ class FolderLock:
     a second run gets. A file system without lock support gives a warning, not an error."""
 
     def __init__(self, folder: str, what: str = "folder"):
-        import fcntl
-        import socket
         self.path = os.path.join(folder, LOCK_NAME)
         self.fd: Optional[int] = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -380,7 +379,6 @@ class FolderLock:
         os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
 
     def _holder(self) -> str:
-        import socket
         try:
             with open(self.path, encoding="utf-8", errors="replace") as fh:
                 pid, _, host = fh.read(200).strip().partition(" ")

@@ -8,6 +8,7 @@ import sys
 from typing import Callable, Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 
 from gnnpar.datasets import InputError
 
@@ -72,8 +73,6 @@ class EpochProfiler:
     def maybe_stop(self, epoch: int) -> Optional[str]:
         if self.prof is None or epoch != self.epoch:
             return None
-        import os
-        import torch.distributed as dist
         self.prof.__exit__(None, None, None)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         os.makedirs(self.out_dir, exist_ok=True)

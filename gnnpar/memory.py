@@ -15,9 +15,7 @@ def local_peak_bytes(device=None) -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def peak_memory_bytes(device=None, rt=None) -> int:
-    """Largest rank's peak; ``rt.all_reduce_max`` is used when the runtime has it."""
+def peak_memory_bytes(device=None, reduce_max=None) -> int:
+    """This rank's peak, or the largest over ranks through ``reduce_max(int) -> int``."""
     mine = local_peak_bytes(device)
-    if rt is not None and hasattr(rt, "all_reduce_max"):
-        return int(rt.all_reduce_max(mine))
-    return mine
+    return int(reduce_max(mine)) if reduce_max is not None else mine

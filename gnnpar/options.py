@@ -6,10 +6,15 @@ import functools
 import math
 import os
 
-from gnnpar.datasets import InputError
+from gnnpar.datasets import DEFAULT_SPEC, InputError, parse_spec
+from gnnpar.datasets.limits import check_memory
 from gnnpar.datasets.owned import check_writable_folder
 from gnnpar.kernels.algorithms import ALGORITHMS
 from gnnpar.kernels.entry import LAYOUT_FLAGS
+
+from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
+from .resume import check_checkpoint_args
+from .sampling.options import add_minibatch_args, check_mode_args
 
 #: flags only ``--algo auto`` reads (the cost model's); it chooses the layout flags itself
 AUTO_FLAGS = ("mem_cap", "bandwidth", "latency")
@@ -77,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--profile-dir", default=".", help="folder of the --profile traces")
     o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    from .plan_cli import add_max_memory_arg
     add_max_memory_arg(d)
     g = p.add_argument_group("distributed full-batch")
     g.add_argument("--algo", default="serial", choices=algo_choices(),
@@ -96,11 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
     g.add_argument("--variant", default=None, choices=("halo", "bcast"),
                    help="1.5d/2d data movement (default halo: only the rows a block touches)")
-    from .plan_cli import add_model_args
     add_model_args(g)
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds a collective may wait before every rank fails")
-    from .sampling.options import add_minibatch_args
     add_minibatch_args(p)
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
@@ -151,7 +153,6 @@ def check_args(args) -> None:
     if args.nprocs is not None and args.nprocs < 1:
         raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
     check_algo_flags(args)
-    from .sampling.options import check_mode_args
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError(f"--nprocs > 1 needs a distributed --algo ({', '.join(ALGORITHMS)})")
@@ -160,12 +161,10 @@ def check_args(args) -> None:
     if args.profile is not None and not 0 <= args.profile < args.epochs:
         raise InputError(f"--profile {args.profile} is not an epoch of this run "
                          f"(0..{args.epochs - 1})")
-    from .plan_cli import apply_max_memory, check_model_args
     check_model_args(args)
     apply_max_memory(args)
     check_sizes(args)
     check_output_paths(args)
-    from .resume import check_checkpoint_args
     check_checkpoint_args(args)
 
 
@@ -173,7 +172,6 @@ def check_sizes(args) -> None:
     """What the flags alone say about memory: the spawned ranks, and the hidden layers'
     weights with their gradients and Adam state (16 bytes a parameter; at least one input
     and one output feature), against :func:`gnnpar.datasets.graph.check_memory`."""
-    from gnnpar.datasets.limits import check_memory
     if args.nprocs:
         check_memory(args.nprocs * RANK_PROCESS_BYTES,
                      f"--nprocs {args.nprocs} (a process per rank)")
@@ -186,7 +184,6 @@ def check_sizes(args) -> None:
 # ---------------------------------------------------------------- output paths
 def _dataset_inputs(args):
     """(what, path, is_folder) of the file or folder the dataset is read from."""
-    from gnnpar.datasets import DEFAULT_SPEC, parse_spec
     kind, params = parse_spec(args.dataset or DEFAULT_SPEC)
     if params.get("path"):
         return [(f"the dataset ({kind}:{params['path']})", params["path"], False)]

@@ -19,7 +19,11 @@ import json
 import sys
 import time
 
-from gnnpar.datasets import InputError
+from gnnpar.datasets import InputError, load_dataset
+from gnnpar.datasets.normalize import union_structure
+from gnnpar.partitioners import (METHODS, GridSpec, format_report, partition_graph, report,
+                                 write_shards)
+from gnnpar.partitioners.shards import check_shard_folder, dataset_source
 
 from .cli_common import run_cli
 
@@ -27,7 +31,6 @@ PROG = "gnnpar-partition"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gnnpar.partitioners import METHODS
     p = argparse.ArgumentParser(prog=PROG, description="Partition a graph and write per-rank shards.")
     p.add_argument("--dataset", required=True, metavar="SPEC",
                    help="dataset spec, e.g. rmat:scale=18,ef=16 or sbm:... or npz:PATH or ogb:DIR (required)")
@@ -60,10 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from gnnpar.datasets import load_dataset
-    from gnnpar.partitioners import GridSpec, format_report, partition_graph, report, write_shards
-    from gnnpar.partitioners.shards import check_shard_folder, dataset_source
-    from gnnpar.datasets.normalize import union_structure
 
     def say(msg: str) -> None:
         if not args.quiet:

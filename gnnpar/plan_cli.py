@@ -16,7 +16,9 @@ import math
 import os
 import sys
 
-from gnnpar.datasets import InputError
+from gnnpar.datasets import InputError, load_dataset
+from gnnpar.datasets.limits import MAX_BYTES_ENV, parse_bytes
+from gnnpar.kernels.cost_model import Machine, rank_algorithms
 
 from .cli_common import run_cli
 
@@ -24,12 +26,6 @@ PROG = "gnnpar-plan"
 #: most ranks a plan is made for: ranking every grid of a world size takes time and memory
 #: in proportion to it (and to its number of factorisations), and no machine has more.
 MAX_WORLD = 1 << 20
-
-
-def parse_bytes(text: str) -> float:
-    """'80GB', '16GiB', '2e9' → bytes."""
-    from gnnpar.datasets.limits import parse_bytes as parse
-    return parse(text)
 
 
 def add_max_memory_arg(p: argparse.ArgumentParser) -> None:
@@ -43,7 +39,6 @@ def apply_max_memory(args) -> None:
     spawned ranks) read it."""
     if getattr(args, "max_memory", None) is None:
         return
-    from gnnpar.datasets.limits import MAX_BYTES_ENV
     value = parse_bytes(args.max_memory)
     if value <= 0:
         raise InputError(f"--max-memory must be > 0, got {args.max_memory}")
@@ -81,7 +76,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def machine_from(args):
-    from gnnpar.kernels.cost_model import Machine
     m = Machine()
     if args.bandwidth is not None:
         m.bandwidth = args.bandwidth
@@ -92,7 +86,6 @@ def machine_from(args):
 
 def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, world: int,
          model: str, args, cut_fraction=None):
-    from gnnpar.kernels.cost_model import rank_algorithms
     if min(n, m, f_in, hidden, classes, layers, world) < 1:
         raise InputError("nodes, edges, features, hidden, classes, layers and world must be >= 1")
     check_world(world)
@@ -147,7 +140,6 @@ def run(args) -> int:
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if args.dataset is not None:
-        from gnnpar.datasets import load_dataset
         g = load_dataset(args.dataset)
         n, m, f_in, classes = g.num_nodes, g.num_edges + g.num_nodes, g.num_features, g.num_classes
     else:

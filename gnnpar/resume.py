@@ -39,10 +39,12 @@ from typing import Optional
 from gnnpar.datasets import InputError
 from gnnpar.datasets.owned import (check_claimable, check_identity, check_writable_folder, claim,
                                    read_claim, write_marker)
+from gnnpar.sampling.neighbor import parse_fanouts
 
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
-                         agree_on_step, capture_rng, file_name, list_steps, load_step,
-                         rank_dir, read_verified, restore_rng, save_checkpoint)
+                         agree_on_step, capture_rng, file_name, list_steps, load_step, rank_dir,
+                         read_verified, restore_rng, save_checkpoint)
+from .watchdog import on_sigterm
 
 KIND, WHAT = "checkpoints", "--checkpoint-dir"
 
@@ -70,7 +72,6 @@ class Checkpointing:
             except BaseException:
                 self.release()
                 raise
-            from .watchdog import on_sigterm
             self.sigterm = on_sigterm(self.save_now, deferred=True)
 
     def restore(self) -> int:
@@ -301,7 +302,6 @@ def run_meta(args, world: int, grid, fingerprint: Optional[str]) -> dict:
             "variant": getattr(args, "variant", None),
             "replication": getattr(args, "replication", None)}
     if mode == "minibatch":
-        from gnnpar.sampling.neighbor import parse_fanouts
         macro = getattr(args, "macrobatch", None)
         meta.update({"fanouts": list(parse_fanouts(args.fanouts)),
                      "batch_size": int(args.batch_size),

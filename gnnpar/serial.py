@@ -9,10 +9,11 @@ from gnnpar.datasets import Graph
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.kernels.local import SparseOperator, as_tensor
 
-from .trainer import SerialComm
+from .interfaces import SPLITS
+from .trainer import RuntimeCollectives
 
 
-class SerialRuntime(SerialComm):
+class SerialRuntime(RuntimeCollectives):
     """Whole-graph data and the local SpMM operator for normalisation ``norm``."""
 
     def __init__(self, graph: Graph, norm: str, device="cpu"):
@@ -25,7 +26,7 @@ class SerialRuntime(SerialComm):
         self.x = as_tensor(graph.x, np.float32, self.device)
         self.y = as_tensor(graph.y, np.int64, self.device)
         self.masks = {s: as_tensor(getattr(graph, f"{s}_mask"), np.bool_, self.device)
-                      for s in ("train", "val", "test")}
+                      for s in SPLITS}
 
     def start_pass(self) -> None:
         """Rewind the reused SpMM outputs: a new forward pass begins."""

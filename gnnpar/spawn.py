@@ -13,6 +13,7 @@ SIGKILLed cannot remove it; the next :func:`spawn` on that host removes such sta
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
@@ -22,34 +23,55 @@ import signal
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
-from .scratch import OWNER_FILE, make_scratch_dir, remove_stale_scratch_dirs  # noqa: F401
+import torch
+import torch.distributed as dist
+
+from gnnpar.datasets import InputError
+from gnnpar.kernels.comm import init_process_group
+
+from .scratch import make_scratch_dir, remove_stale_scratch_dirs
+from .watchdog import die_with_parent
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How a rank failed, carried to the parent as data (never parsed from text): ``kind``
+    ``"input"`` (an :class:`~gnnpar.datasets.InputError`, exit 2), ``"exit"``
+    (``SystemExit``; ``exit_code``), ``"died"`` (no report) or ``"error"``; ``message``: the
+    exception's own text; ``detail``: its type and traceback."""
+
+    kind: str
+    message: str
+    exit_code: Optional[int] = None
+    detail: str = ""
+
+    @classmethod
+    def of(cls, e: BaseException) -> "RankFailure":
+        detail = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        if isinstance(e, InputError):
+            return cls("input", str(e), 2, detail)
+        if isinstance(e, SystemExit):
+            return cls("exit", str(e), e.code if isinstance(e.code, int) else 1, detail)
+        return cls("error", str(e), None, detail)
 
 
 class SpawnError(RuntimeError):
-    """A child rank failed; ``rank`` is the first one that did. ``kind`` says how, as a type
-    rather than text: ``"input"`` (an :class:`~gnnpar.datasets.InputError`, exit 2),
-    ``"exit:N"`` (``SystemExit(N)``), ``"died"`` (no report) or ``"error"``."""
+    """A child rank failed; ``rank`` is the first one that did, ``failure`` says how."""
 
-    def __init__(self, rank: int, message: str, kind: str = "error"):
-        super().__init__(f"rank {rank} failed: {message}")
-        self.rank, self.kind = rank, kind
-        self.first_line = message.splitlines()[0] if message else ""
+    def __init__(self, rank: int, failure: RankFailure):
+        super().__init__(f"rank {rank} failed: {failure.detail or failure.message}")
+        self.rank, self.failure = rank, failure
 
-
-def _kind(e: BaseException) -> str:
-    from gnnpar.datasets import InputError
-    if isinstance(e, InputError):
-        return "input"
-    return f"exit:{e.code}" if isinstance(e, SystemExit) else "error"
+    @property
+    def headline(self) -> str:
+        """``rank R failed: Type: message`` — one line."""
+        return str(self).splitlines()[0]
 
 
 def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results):
-    import torch
-    import torch.distributed as dist
-    from gnnpar.kernels.comm import init_process_group
-    from .watchdog import die_with_parent
     die_with_parent()  # a rank never outlives the process that spawned it
     _name_process(f"gnnpar-rank-{rank}")
     try:
@@ -59,12 +81,15 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             out = fn(rank, world, *args)
-        finally:
-            dist.destroy_process_group()
+        except BaseException:
+            # the peers may be gone already: leaving the group must not replace the failure
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+            raise
+        dist.destroy_process_group()
         results.put((rank, True, out))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
-        results.put((rank, False, (f"{type(e).__name__}: {e}\n{traceback.format_exc()}",
-                                   _kind(e))))
+        results.put((rank, False, RankFailure.of(e)))
         raise SystemExit(1)
 
 
@@ -185,7 +210,8 @@ def _collect(procs, results, nprocs, timeout_s):
             if any(p.exitcode not in (None, 0) for p in procs):
                 _raise_root_cause(procs, results, {})
             if time.monotonic() > deadline:
-                raise SpawnError(-1, f"no result within {timeout_s + 60:.0f} s")
+                raise SpawnError(-1, RankFailure(
+                    "error", f"no result within {timeout_s + 60:.0f} s"))
             continue
         if not ok:
             _raise_root_cause(procs, results, {rank: value})
@@ -210,8 +236,9 @@ def _raise_root_cause(procs, results, reports):
         code = procs[silent[0]].exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         peers = f"; {len(reports)} peer(s) then failed" if reports else ""
-        raise SpawnError(silent[0], f"process {how} without reporting an error{peers}", "died")
+        raise SpawnError(silent[0], RankFailure(
+            "died", f"process {how} without reporting an error{peers}"))
     # bad input on any rank is the cause (its peers then fail on the broken group); otherwise
     # the earliest report: peers' come after the connection breaks
-    first = next((r for r, (_, kind) in reports.items() if kind == "input"), next(iter(reports)))
-    raise SpawnError(first, *reports[first])
+    first = next((r for r, f in reports.items() if f.kind == "input"), next(iter(reports)))
+    raise SpawnError(first, reports[first])

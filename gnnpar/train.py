@@ -19,60 +19,16 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-from gnnpar.datasets import DEFAULT_SPEC, InputError, load_dataset
-
 from .cli_common import EXIT_DIVERGED, run_cli
-from .logged import train_logged
-from .models import build_model
-from .options import build_parser, check_args
-from .serial import SerialRuntime
-from .resume import Checkpointing, run_meta
-from .trainer import TrainConfig, fit, make_optimizer
-
-
-def pick_device(choice: str) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda was asked for but torch sees no CUDA device")
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(choice)
+from .launch import launch
+from .options import build_parser
+from .spec import RunSpec
 
 
 def run(args) -> int:
-    check_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
-    args.device_resolved = str(device)
-    from .bootstrap import detect_world
-    from .dist_train import run_distributed
-    minibatch = args.mode == "minibatch"
-    if (args.algo != "serial" or minibatch) and (args.nprocs or detect_world().launched):
-        return _finish(run_distributed(args), args)
-    if args.algo != "serial":
-        raise InputError(f"--algo {args.algo} needs --nprocs N or a launcher (torchrun, srun)")
-    if minibatch:
-        from .sampling.run import run_serial_cli
-        return _finish(run_serial_cli(args, device), args)
-    torch.manual_seed(args.seed)
-    graph = load_dataset(args.dataset or DEFAULT_SPEC, directed=args.directed,
-                         cache_dir=args.cache_dir)
-    if not args.quiet:
-        print(graph.summary(), file=sys.stderr)
-    model = build_model(args.model, graph.num_features, args.hidden, graph.num_classes,
-                        args.layers, args.dropout).to(device)
-    rt = SerialRuntime(graph, model.norm, device)
-    cfg = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay)
-    opt = make_optimizer(model, cfg)
-    fingerprint = graph.fingerprint() if args.checkpoint_dir else None
-    ckpt = Checkpointing(args, 0, run_meta(args, 1, [1], fingerprint), model, opt, args.quiet)
-    final = train_logged(lambda on_epoch, start: fit(model, rt, cfg, on_epoch, start, opt),
-                         model, args, {"algo": "serial", "world_size": 1, "grid": [1]}, True,
-                         "train", {"f_in": graph.num_features, "f_out": graph.num_classes},
-                         ckpt=ckpt)
-    return _finish(final, args)
+    """Check the flags into a :class:`~gnnpar.spec.RunSpec`, run it, report."""
+    spec = RunSpec.from_args(args)
+    return _finish(launch(spec), spec)
 
 
 def _finish(final: dict, args) -> int:

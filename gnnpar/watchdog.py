@@ -38,6 +38,11 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Dict, Optional
 
+import torch
+import torch.distributed as dist
+
+from gnnpar.kernels.comm import control_all_reduce
+
 EXIT_PEER_LOST = 3
 EXIT_PREEMPTED = 128 + signal.SIGTERM
 PREFIX = "gnnpar/watchdog"
@@ -46,13 +51,11 @@ _COMM_ERROR_WORDS = ("connection", "closed", "timed out", "timeout", "socket", "
 
 
 def _default_store():
-    import torch.distributed as dist
     return dist.distributed_c10d._get_default_store()
 
 
 def _auto_owner(store) -> Optional[int]:
     """Rank 0 serves a TCPStore made by ``tcp://``/``env://`` init, unless torchrun's agent does."""
-    import torch.distributed as dist
     base = store
     while hasattr(base, "underlying_store"):
         base = base.underlying_store
@@ -393,11 +396,8 @@ class SigtermHook:
     def any_requested(self, group=None) -> bool:
         """True on every rank when any rank got the signal (one all-reduce when a process
         group exists; all ranks must call it at the same point)."""
-        import torch
-        import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             return self.requested
-        from gnnpar.kernels.comm import control_all_reduce
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
         return bool(control_all_reduce(flag, "max", group)[0])
 

@@ -11,7 +11,8 @@ import os
 import re
 
 from gnnpar.datasets import InputError
-from gnnpar.datasets.owned import MARKER, write_marker, check_writable_folder, claim, read_claim
+from gnnpar.datasets.owned import MARKER, check_writable_folder, claim, read_claim, write_marker
+from gnnpar.datasets.spec import cache_key
 
 META = "meta.json"
 MANIFEST = "part.json"
@@ -27,7 +28,6 @@ def dataset_source(spec: str, directed: bool = False) -> dict:
     """A cheap identity of the dataset a spec names (``meta.json["source"]``): the spec, the
     directed flag and :func:`~gnnpar.datasets.spec.cache_key` (canonical params; path, size and
     mtime of input files), so a reader can tell "same dataset" without loading it."""
-    from gnnpar.datasets.spec import cache_key
     return {"spec": spec, "directed": bool(directed), "key": cache_key(spec, directed)}
 
 

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-import gnnpar.train
+import gnnpar.shard_source
 from gnnpar.checkpoint import (MAGIC, CheckpointWarning, file_name, list_steps, rank_dir,
                                read_verified, save_checkpoint)
 from gnnpar.cli_common import run_cli
@@ -60,7 +60,7 @@ def no_work(monkeypatch):
     """Fail the test if the run gets as far as loading its data."""
     def boom(*a, **k):
         raise AssertionError("the run started working before refusing its checkpoint folder")
-    monkeypatch.setattr(gnnpar.train, "load_dataset", boom)
+    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", boom)
 
 
 # ------------------------------------------------------------------ item 2: rotation

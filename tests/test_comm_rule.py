@@ -19,11 +19,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gnnpar.dist_train import rank_body
+from gnnpar.rank import run_rank
+from gnnpar.shard_source import ShardSource
+from gnnpar.spec import RunSpec
 from gnnpar.kernels.comm import (AUDIT_ENV, DIST_CALLS, Comm, CommDeviceError,
                                  control_all_reduce, device_routes, process_group_backend)
 from gnnpar.kernels.grid import ProcessGrid
-from gnnpar.options import build_parser, check_args
+from gnnpar.options import build_parser
 from gnnpar.spawn import SpawnError, spawn
 
 from .cli_util import ROOT
@@ -140,10 +142,12 @@ def mode_cases(world):
 
 
 def _args(argv, device):
-    args = build_parser().parse_args(argv)
-    check_args(args)
-    args.device_resolved = device
-    return args
+    return RunSpec.from_args(build_parser().parse_args(argv)).evolve(device=device)
+
+
+def rank_body(rank, world, spec, folder):
+    """The launchers' per-rank entry, shards cut in memory (``folder`` None)."""
+    return run_rank(spec, rank, world, ShardSource(folder))
 
 
 def every_mode_body(rank, world, ckpt_root, device="cpu"):
@@ -204,4 +208,5 @@ def test_every_mode_runs_when_asked_for_a_cuda_only_backend(tmp_path, monkeypatc
     phases = {r["phase"] for r in records}
     assert {"setup", "forward", "backward", "grad_sync", "control", "features"} <= phases
     callers = {r["caller"].split(":")[0] for r in records}
-    assert {"gnnpar.checkpoint", "gnnpar.watchdog", "gnnpar.distributed"} <= callers
+    # metric sums and the gradient sum of every runtime and engine: the one Reducer
+    assert {"gnnpar.checkpoint", "gnnpar.watchdog", "gnnpar.interfaces"} <= callers

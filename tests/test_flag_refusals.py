@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-import gnnpar.dist_train
-import gnnpar.sampling.run
-import gnnpar.train
+import gnnpar.launch
+import gnnpar.shard_source
 from gnnpar.options import ALGO_ONLY, build_parser, check_args
 from gnnpar.sampling.options import MINIBATCH_FLAGS, add_minibatch_args
 from gnnpar.train import main
@@ -74,10 +73,9 @@ def no_work(monkeypatch):
     """Any dataset load, spawn or training fails the test: refusals come first."""
     def forbidden(*a, **k):
         raise AssertionError("work started before the flags were checked")
-    monkeypatch.setattr(gnnpar.train, "load_dataset", forbidden)
-    monkeypatch.setattr(gnnpar.dist_train, "run_distributed", forbidden)
-    monkeypatch.setattr(gnnpar.dist_train, "load_dataset", forbidden)
-    monkeypatch.setattr(gnnpar.sampling.run, "run_serial_cli", forbidden)
+    monkeypatch.setattr(gnnpar.launch, "run_rank", forbidden)
+    monkeypatch.setattr(gnnpar.launch, "run_distributed", forbidden)
+    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", forbidden)
 
 
 @pytest.mark.parametrize("argv,flag", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])

@@ -3,6 +3,7 @@ the CUDA tests, serial and every full-batch algorithm at world size 1 on NCCL (e
 --resume row), at 2 and 4 ranks on gloo, the four mini-batch rows and the benchmarks; every
 training command passes gnnpar-train's own flag checks (no training here)."""
 import math
+import argparse
 import os
 import shlex
 import subprocess
@@ -10,8 +11,8 @@ import sys
 
 import pytest
 
-from gnnpar.dist_train import make_run_grid
 from gnnpar.options import build_parser, check_args
+from gnnpar.spec import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGOS = ("1d", "1d-halo", "1.5d", "2d", "3d", "4d")
@@ -36,7 +37,8 @@ def train_args(argv):
     args = build_parser().parse_args(argv[7:])
     check_args(args)
     if args.mode == "fullbatch" and args.nprocs:
-        make_run_grid(args, args.nprocs)
+        on_cpu = argparse.Namespace(**{**vars(args), "device": "cpu"})  # no GPU here
+        RunSpec.from_args(on_cpu).grid_shape(args.nprocs)
     return args
 
 

@@ -20,7 +20,7 @@ from gnnpar.options import build_parser
 from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
-from gnnpar.sampling.run import build_rank
+from gnnpar.sampling.setup import build_rank
 from gnnpar.serial import SerialRuntime
 from gnnpar.spawn import spawn
 

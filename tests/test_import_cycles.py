@@ -105,3 +105,29 @@ def test_no_import_cycles():
     shown = [" -> ".join(f"{v} ({os.path.relpath(mods[v])}:{graph[v][w]})"
                          for v, w in zip(c, c[1:])) + f" -> {c[-1]}" for c in cycles]
     assert not cycles, "import cycles:\n" + "\n".join(shown)
+
+
+#: third-party modules imported where they are used: optional extras (mpi4py, kaminpar, dgl)
+#: or heavy ones most runs never touch (plotting, PyG interop, scipy's sparse constructors,
+#: METIS, the progress bar), so ``gnnpar-train --help`` and a rank's start stay fast
+LOCAL_OK = ("mpi4py", "kaminpar", "dgl", "matplotlib", "torch_geometric", "scipy", "pymetis",
+            "tqdm", "ctypes", "torch")
+
+
+def test_function_local_imports_only_for_optional_or_heavy_dependencies():
+    """gnnpar's own modules are imported at module level (no hidden dependencies)."""
+    bad = []
+    for name, path in package_modules().items():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom) and (sub.level or (sub.module or "")
+                                                        .startswith("gnnpar")):
+                    bad.append(f"{os.path.relpath(path)}:{sub.lineno}")
+                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    mods = ([a.name for a in sub.names] if isinstance(sub, ast.Import)
+                            else [sub.module])
+                    bad += [f"{os.path.relpath(path)}:{sub.lineno} ({m})" for m in mods
+                            if m.split(".")[0] not in LOCAL_OK]
+    assert not bad, "function-local imports:\n" + "\n".join(bad)

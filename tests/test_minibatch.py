@@ -17,7 +17,7 @@ from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
 from gnnpar.sampling.loop import fit_minibatch
-from gnnpar.sampling.run import build_rank
+from gnnpar.sampling.setup import build_rank
 from gnnpar.serial import SerialRuntime
 from gnnpar.spawn import spawn
 from gnnpar.trainer import TrainConfig, fit
@@ -148,8 +148,8 @@ def partitioned_body(rank, world, replace):
     comm.reset()
     for kind in ("gcn", "mean"):
         cfg = SamplerConfig((3, -1, 2), kind, replace)
-        got = BulkSampler(part, cfg).sample(seeds, rngs(), link=(comm, "data"))
-        one = [NeighborSampler(part, cfg).sample(s, r, link=(comm, "data"))
+        got = BulkSampler(part, cfg).sample(seeds, rngs(), owners=(comm, "data"))
+        one = [NeighborSampler(part, cfg).sample(s, r, owners=(comm, "data"))
                for s, r in zip(seeds, rngs())]
         ref = BulkSampler(full, cfg).sample(seeds, rngs())
         for a, b, c in zip(got, one, ref):

@@ -139,7 +139,7 @@ def test_hash_draws_pipelined_equals_inline():
 
 def _dp_body(rank, world, extra):
     from gnnpar.partitioners.shard_build import build_shard
-    from gnnpar.sampling.run import build_rank
+    from gnnpar.sampling.setup import build_rank
     graph = random_graph(240, 2000, seed=4)
     shard = build_shard(graph, uneven_partition(graph), rank)
     args = cli_args("--fanouts", "4,3", "--batch-size", "24", "--cache-frac", "0.1",

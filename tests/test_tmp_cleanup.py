@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from gnnpar.spawn import OWNER_FILE, SpawnError, make_rdzv_dir, spawn
+from gnnpar.scratch import OWNER_FILE
+from gnnpar.spawn import SpawnError, make_rdzv_dir, spawn
 
 from .cli_util import ROOT
 from .dist_cases import fail_mid_epoch

@@ -17,13 +17,16 @@ from typing import List, Tuple
 
 import numpy as np
 
+from gnnpar.kernels.local import SparseOperator
+
 from .topology import index_dtype
 
 
 @dataclass
 class Block:
     """Shapes: ``indptr`` (n_dst+1,) int64, ``indices`` (nnz,) int64 in [0, n_src),
-    ``values`` (nnz,) float32, ``src_ids`` (n_src,) int64 global ids.
+    ``values`` (nnz,) float32, ``src_ids`` (n_src,) int64 global ids — numpy arrays (the host
+    samplers) or tensors on one device (:mod:`.device_sampler`).
     ``num_sampled``: neighbour entries kept (self entries not counted)."""
 
     indptr: np.ndarray
@@ -47,14 +50,20 @@ class Block:
 
     def operator(self, device=None):
         """The block as a :class:`~gnnpar.kernels.local.SparseOperator` (Â and Âᵀ as CSR)."""
-        from gnnpar.kernels.local import SparseOperator
         return SparseOperator(self.indptr, self.indices, self.values,
                               (self.num_dst, self.num_src), device)
+
+    def numpy(self) -> "Block":
+        """The same block with numpy arrays (tests, debugging)."""
+        arrays = [a.cpu().numpy() if hasattr(a, "cpu") else a
+                  for a in (self.indptr, self.indices, self.values, self.src_ids)]
+        return Block(*arrays, self.num_dst, self.num_sampled)
 
     def to_scipy(self):
         """scipy CSR (n_dst × n_src), duplicates summed (tests, debugging)."""
         import scipy.sparse as sp
-        m = sp.csr_matrix((self.values, self.indices, self.indptr),
+        b = self.numpy()
+        m = sp.csr_matrix((b.values, b.indices, b.indptr),
                           shape=(self.num_dst, self.num_src))
         m.sum_duplicates()
         return m

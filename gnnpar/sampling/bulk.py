@@ -40,10 +40,10 @@ class BulkSampler:
         self.topo, self.cfg = topo, cfg
 
     def sample(self, seeds: Sequence[np.ndarray], rngs: Sequence[np.random.Generator],
-               relabel: Relabeler = None, link=None) -> List[List[Block]]:
+               relabel: Relabeler = None, owners=None) -> List[List[Block]]:
         """One list of blocks (input layer first) per seed array; ``rngs[b]`` drives
-        minibatch b. ``link`` = (comm, axes) for a partitioned topology: one lookup per
-        layer for the whole macrobatch."""
+        minibatch b. ``owners`` = (comm, axes) to ask the rows' owners in a partitioned
+        topology: one lookup per layer for the whole macrobatch."""
         if len(seeds) != len(rngs):
             raise ValueError(f"got {len(seeds)} seed arrays but {len(rngs)} generators")
         topo, cfg = self.topo, self.cfg
@@ -56,7 +56,7 @@ class BulkSampler:
             row_cut = np.cumsum([0] + [f.shape[0] for f in frontiers])
             deg = topo.degree[rows]
             u = self._uniforms(rngs, deg, row_cut, fanout)
-            k, cols, vals = sample_entries(topo, cfg.kind, rows, fanout, cfg.replace, u, link)
+            k, cols, vals = sample_entries(topo, cfg.kind, rows, fanout, cfg.replace, u, owners)
             edge_cut = np.concatenate([[0], np.cumsum(k)])[row_cut]
             dst_self = selfv[rows]
             for b, front in enumerate(frontiers):

@@ -12,13 +12,12 @@ Given :class:`~gnnpar.sampling.draws.PcgDraws` it returns exactly the blocks of
 :class:`~gnnpar.sampling.bulk.BulkSampler` (tested); by default it uses
 :class:`~gnnpar.sampling.draws.HashDraws`, made on the device.
 
-Shapes: as :mod:`.bulk`; every array of a :class:`TorchBlock` is a tensor on the device.
+Shapes: as :mod:`.bulk`; every array of a :class:`Block` is a tensor on the device.
 Memory on the device: the replicated topology (``8(n+1) + 12e + 4n`` bytes per kind) plus
 two n-entry scratch arrays per sampler worker (relabelling).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Sequence
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 
 from gnnpar.datasets import InputError
 
+from .blocks import Block
 from .neighbor import SamplerConfig
 
 
@@ -57,37 +57,6 @@ class TorchTopology:
     def nbytes(self) -> int:
         ts = [self.indptr, self.cols, *self.values.values(), *self.self_values.values()]
         return int(sum(t.numel() * t.element_size() for t in ts))
-
-
-@dataclass
-class TorchBlock:
-    """A :class:`~gnnpar.sampling.blocks.Block` whose arrays are tensors on one device."""
-
-    indptr: torch.Tensor
-    indices: torch.Tensor
-    values: torch.Tensor
-    src_ids: torch.Tensor
-    num_dst: int
-    num_sampled: int
-
-    @property
-    def num_src(self) -> int:
-        return int(self.src_ids.shape[0])
-
-    @property
-    def nnz(self) -> int:
-        return int(self.indices.shape[0])
-
-    def operator(self, device=None):
-        from gnnpar.kernels.local import SparseOperator
-        return SparseOperator(self.indptr, self.indices, self.values,
-                              (self.num_dst, self.num_src), device)
-
-    def numpy(self):
-        """The same block with numpy arrays (tests, debugging)."""
-        from .blocks import Block
-        return Block(*(t.cpu().numpy() for t in (self.indptr, self.indices, self.values,
-                                                  self.src_ids)), self.num_dst, self.num_sampled)
 
 
 class TorchRelabeler:
@@ -162,7 +131,7 @@ class TorchBulkSampler:
         self.topo, self.cfg = topo, cfg
 
     def sample(self, seeds: Sequence, draws: Sequence, relabel: TorchRelabeler = None
-               ) -> List[List[TorchBlock]]:
+               ) -> List[List[Block]]:
         """One list of blocks (input layer first) per seed array; ``draws[b]`` (a
         :mod:`.draws` source) drives minibatch b."""
         if len(seeds) != len(draws):
@@ -171,7 +140,7 @@ class TorchBulkSampler:
         relabel = relabel or TorchRelabeler(topo.num_nodes, dev)
         frontiers = [self._check(s) for s in seeds]
         selfv = topo.self_values[cfg.kind]
-        per_batch: List[List[TorchBlock]] = [[] for _ in seeds]
+        per_batch: List[List[Block]] = [[] for _ in seeds]
         for fanout in reversed(cfg.fanouts):
             sizes = [int(f.shape[0]) for f in frontiers]
             rows = torch.cat(frontiers) if frontiers else torch.zeros(0, dtype=torch.int64,
@@ -238,7 +207,7 @@ class TorchBulkSampler:
         return k, entry
 
 
-def _assemble(dst, k, cols, vals, self_vals, relabel: TorchRelabeler) -> TorchBlock:
+def _assemble(dst, k, cols, vals, self_vals, relabel: TorchRelabeler) -> Block:
     """:func:`gnnpar.sampling.blocks.assemble_block` on tensors."""
     src_ids, local = relabel(dst, cols)
     r, dev = dst.shape[0], dst.device
@@ -248,7 +217,7 @@ def _assemble(dst, k, cols, vals, self_vals, relabel: TorchRelabeler) -> TorchBl
     nnz = int(indptr[-1])
     n_edges = int(cols.shape[0])
     if nnz == n_edges:  # no self entries
-        return TorchBlock(indptr, local, vals.to(torch.float32), src_ids, r, n_edges)
+        return Block(indptr, local, vals.to(torch.float32), src_ids, r, n_edges)
     indices = torch.empty(nnz, dtype=torch.int64, device=dev)
     values = torch.empty(nnz, dtype=torch.float32, device=dev)
     slots = (torch.arange(n_edges, dtype=torch.int64, device=dev)
@@ -258,4 +227,4 @@ def _assemble(dst, k, cols, vals, self_vals, relabel: TorchRelabeler) -> TorchBl
     self_rows = torch.nonzero(n_self).reshape(-1)
     indices[indptr[self_rows]] = self_rows
     values[indptr[self_rows]] = self_vals[self_rows]
-    return TorchBlock(indptr, indices, values, src_ids, r, n_edges)
+    return Block(indptr, indices, values, src_ids, r, n_edges)

@@ -38,7 +38,11 @@ from typing import List
 import numpy as np
 import torch
 
+from gnnpar.interfaces import CommStats
+from gnnpar.kernels.algorithms import get_grouped
 from gnnpar.kernels.bipartite import block_shard, build_bipartite, dst_first_owner
+from gnnpar.kernels.comm import Comm
+from gnnpar.kernels.grid import parse_grid
 
 from .blocks import Block
 from .loop import DataParallel
@@ -101,10 +105,11 @@ class GroupEngine(DataParallel):
             return [build_bipartite(self.algo, sh, self.group_comm, self.norm, self.device,
                                     **self.algo_kw) for sh in batch.shards]
 
-    def comm_stats(self):
-        nbytes, seconds = super().comm_stats()
+    def comm_stats(self) -> CommStats:
+        world = super().comm_stats()
         group_bytes, _, group_s = self.group_comm.reset()
-        return nbytes + group_bytes, seconds + group_s
+        total = world.bytes + group_bytes
+        return CommStats(total, total, world.seconds + group_s)
 
 
 @dataclass
@@ -122,17 +127,14 @@ class Group:
     algo_kw: dict
 
     @classmethod
-    def create(cls, args, world: int) -> "Group":
-        """Grids and communicators from the CLI flags (collective: every rank calls it)."""
-        from gnnpar.kernels.build import make_group_grid
-        from gnnpar.kernels.comm import Comm
-        from gnnpar.kernels.grid import parse_grid
-        dims = parse_grid(args.grid) if args.grid else None
-        outer, inner = make_group_grid(args.algo, world, args.group_size, dims,
-                                       args.replication or 1)
-        kw = {"variant": args.variant} if args.algo in ("1.5d", "2d") and args.variant else {}
-        return cls(args.algo, outer.shape["data"], inner.world_size, outer.coord("data"),
-                   inner.rank, Comm(outer), Comm(inner), dict(inner.shape), kw)
+    def create(cls, spec, world: int) -> "Group":
+        """Grids and communicators of the run spec (collective: every rank calls it)."""
+        entry = get_grouped(spec.algo)
+        dims = parse_grid(spec.grid) if spec.grid else None
+        outer, inner = entry.make_group_grid(world, spec.group_size, dims, spec.replication or 1)
+        return cls(spec.algo, outer.shape["data"], inner.world_size, outer.coord("data"),
+                   inner.rank, Comm(outer), Comm(inner), dict(inner.shape),
+                   entry.options(spec, per_group=True))
 
     @property
     def offset(self) -> int:

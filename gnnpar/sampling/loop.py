@@ -7,14 +7,16 @@ over the ranks, step the optimiser. The summed gradient is then exactly the grad
 mean loss over all ranks' seeds of that step, as if one process had sampled them all.
 
 How a minibatch's blocks run and how gradients are combined is the *engine*'s business
-(:class:`DataParallel`: local SpMM per block, one flat all-reduce over the data axis). The
+(:class:`gnnpar.interfaces.MiniBatchEngine`; :class:`DataParallel`: local SpMM per block,
+one flat all-reduce over the data axis). The
 grouped variants (``--algo 4d`` with d > 1, ``--algo 1d…3d --group-size g``: a group of
 ranks runs one sampled subgraph with a full-batch kernel on the block's square embedding)
 are another engine with the same methods,
 :class:`~gnnpar.sampling.grouped.GroupEngine`: each rank returns the loss of its owned seed
 rows and the gradients are summed once over every rank (see :mod:`.grouped`).
 
-Epoch record (one JSON line): DESIGN.md's fields — ``loss`` is the mean over every rank's
+Epoch record (one JSON line; every field in ``docs/architecture.md``) — ``loss`` is the mean
+over every rank's
 seeds of the epoch; ``comm_bytes`` counts what all ranks sent for training: gradient
 all-reduces plus the samplers' feature rows, id requests and (partitioned structure)
 lookups; evaluation and setup traffic are not counted — plus ``train_s`` (steps only),
@@ -40,6 +42,7 @@ from typing import Callable, Optional
 import torch
 from torch.nn import functional as F
 
+from gnnpar.interfaces import SPLITS, CommStats, Reducer
 from gnnpar.memory import peak_memory_bytes
 from gnnpar.trainer import TrainConfig, evaluate, make_optimizer, sync_device
 
@@ -47,45 +50,29 @@ from .service import MacrobatchService, SamplingStats
 
 
 class DataParallel:
-    """Plain data parallelism over grid axes ``axes`` of ``comm`` (serial when comm is None).
-
-    ``sync_grads`` sums every parameter's gradient (zeros where a step produced none, so every
-    rank all-reduces the same number of elements) in one flat all-reduce, phase ``grad_sync``.
-    """
+    """Plain data parallelism over grid axes ``axes`` of ``comm`` (serial when comm is None);
+    gradients and metrics through one :class:`~gnnpar.interfaces.Reducer`."""
 
     def __init__(self, comm=None, axes="data"):
         self.comm, self.axes = comm, axes
-        self.world = 1 if comm is None else len(comm.grid.ranks_of(axes))
+        self.reducer = Reducer(comm, axes)
+        self.world = self.reducer.world
 
     def operators(self, batch):
         return batch.ops
 
     def sync_grads(self, params) -> None:
-        if self.world == 1:
-            return
-        params = list(params)
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in params])
-        with self.comm.in_phase("grad_sync"):
-            self.comm.all_reduce(flat, self.axes)
-        offset = 0
-        for p in params:
-            g = flat[offset:offset + p.numel()].view_as(p)
-            p.grad = g.clone() if p.grad is None else p.grad.copy_(g)
-            offset += p.numel()
+        self.reducer.sync_grads(params)
 
-    # -- metric reductions: small, not the algorithm's traffic, not counted
     def all_reduce(self, t: torch.Tensor, op="sum") -> torch.Tensor:
-        if self.world == 1:
-            return t
-        return self.comm.reduce_control(t, self.axes, op)
+        return self.reducer.max(t) if op == "max" else self.reducer.sum(t)
 
-    def comm_stats(self):
-        """(bytes this rank sent, seconds) of the trainer's collectives since the last call."""
+    def comm_stats(self) -> CommStats:
+        """This rank's training collectives since the last call."""
         if self.comm is None:
-            return 0, 0.0
+            return CommStats()
         nbytes, _, seconds = self.comm.reset()
-        return nbytes, seconds
+        return CommStats(nbytes, nbytes, seconds)
 
 
 def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
@@ -110,18 +97,18 @@ def train_step(model, opt, engine, batch, global_count: int) -> torch.Tensor:
     return loss.detach().to(torch.float64)
 
 
-def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: TrainConfig,
+def fit_minibatch(model, service: MacrobatchService, engine, eval_runtime, cfg: TrainConfig,
                   on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0,
                   opt=None):
-    """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_rt`` is a full-batch runtime
-    (``op``, ``x``, ``y``, ``masks``, ``all_reduce_sum``) used only to evaluate. Returns the
-    epoch records (DESIGN.md's fields plus the sampling ones). Stops after an epoch whose
-    (global) loss is NaN or infinite, on every rank at once."""
+    """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_runtime`` is a full-batch
+    :class:`~gnnpar.interfaces.Runtime` used only to evaluate. Returns the epoch records (the
+    full-batch fields plus the sampling ones). Stops after an epoch whose (global) loss is NaN
+    or infinite, on every rank at once."""
     opt = opt or make_optimizer(model, cfg)
     engine.comm_stats()
     service.start(start_epoch, cfg.epochs)
     history = []
-    accs = {f"{s}_acc": float("nan") for s in ("train", "val", "test")}
+    accs = {f"{s}_acc": float("nan") for s in SPLITS}
     try:
         for epoch in range(start_epoch, cfg.epochs):
             t0 = time.perf_counter()
@@ -130,16 +117,16 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
             sync_device(next(model.parameters()).device)  # queued GPU work is training time
             train_s = time.perf_counter() - t0
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                accs = evaluate(model, eval_rt)
+                accs = evaluate(model, eval_runtime)
             sync_device(next(model.parameters()).device)
             epoch_s = time.perf_counter() - t0
-            grad_bytes, comm_s = engine.comm_stats()
+            grad = engine.comm_stats()
             rec = {"epoch": epoch, **accs, "epoch_s": epoch_s, "train_s": train_s}
-            rec.update(_reduced(engine, loss_sum, service.plan.total, grad_bytes, comm_s, stats))
+            rec.update(_reduced(engine, loss_sum, service.plan.total, grad, stats))
             rec["compute_s"] = max(epoch_s - rec["comm_s"] - rec["stall_s"], 0.0)
             rec["stall_share"] = rec["stall_s"] / epoch_s if epoch_s > 0 else 0.0
             rec["peak_mem_bytes"] = peak_memory_bytes(next(model.parameters()).device,
-                                                      _MaxReducer(engine))
+                                                      engine.reducer.max_int)
             history.append(rec)
             if on_epoch is not None:
                 on_epoch(rec)
@@ -150,20 +137,9 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_rt, cfg: Train
     return history
 
 
-class _MaxReducer:
-    """Adapter: what :func:`gnnpar.memory.peak_memory_bytes` calls to take a maximum."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def all_reduce_max(self, value: int) -> int:
-        return int(self.engine.all_reduce(torch.tensor([float(value)], dtype=torch.float64),
-                                          "max")[0])
-
-
-def _reduced(engine, loss_sum, total, grad_bytes, comm_s, st: SamplingStats) -> dict:
+def _reduced(engine, loss_sum, total, grad: CommStats, st: SamplingStats) -> dict:
     """The epoch's metrics over all ranks: sums of counts, max of times."""
-    mine_bytes = grad_bytes + st.comm_bytes
+    mine_bytes, comm_s = grad.bytes + st.comm_bytes, grad.seconds
     sums = engine.all_reduce(torch.tensor(
         [float(loss_sum), mine_bytes, st.sampled_edges, st.input_nodes, st.unique_input_nodes,
          st.remote_rows, st.cache_hits, st.feat_bytes], dtype=torch.float64))

@@ -68,13 +68,13 @@ class SamplerConfig:
 
 
 def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
-                   u: np.ndarray, link=None):
+                   u: np.ndarray, owners=None):
     """The kept entries of rows ``dst``: ``(k (R,), cols (E,), vals (E,) float32)``.
 
     Rows are read through their CSR offsets, i.e. the product Q·A of the selection matrix Q
     (one 1 per row, at column dst[r]) with the off-diagonal adjacency, restricted to the
     positions :func:`~gnnpar.sampling.choose.choose_entries` keeps; the other entries of Q·A
-    are never touched. A partitioned topology asks the rows' owners through ``link`` =
+    are never touched. A partitioned topology asks the rows' owners through ``owners`` =
     ``(comm, axes)`` (a collective).
     """
     deg = topo.degree[dst]
@@ -84,7 +84,7 @@ def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
         cols, vals = np.ascontiguousarray(kept["col"]), kept[kind]
     else:
         k, pos = choose_positions(deg, fanout, replace, u)
-        cols, vals = topo.lookup(dst, k, pos, kind, *link)
+        cols, vals = topo.lookup(dst, k, pos, kind, *owners)
     if fanout >= 0:
         factor = np.divide(deg, k, out=np.ones(k.shape[0]), where=k > 0)
         if np.any(factor != 1.0):
@@ -100,8 +100,8 @@ class NeighborSampler:
         self.topo, self.cfg = topo, cfg
 
     def sample(self, seeds: np.ndarray, rng: np.random.Generator,
-               relabel: Relabeler = None, link=None) -> List[Block]:
-        """Blocks for ``seeds``, input layer first (``link``: see :func:`sample_entries`)."""
+               relabel: Relabeler = None, owners=None) -> List[Block]:
+        """Blocks for ``seeds``, input layer first (``owners``: see :func:`sample_entries`)."""
         topo, cfg = self.topo, self.cfg
         relabel = relabel or Relabeler(topo.num_nodes)
         frontier = check_seeds(seeds, topo.num_nodes)
@@ -109,7 +109,7 @@ class NeighborSampler:
         for fanout in reversed(cfg.fanouts):
             deg = topo.degree[frontier]
             u = draw_uniforms(rng, draw_count(deg, fanout, cfg.replace), fanout)
-            k, cols, vals = sample_entries(topo, cfg.kind, frontier, fanout, cfg.replace, u, link)
+            k, cols, vals = sample_entries(topo, cfg.kind, frontier, fanout, cfg.replace, u, owners)
             block = assemble_block(frontier, k, cols, vals, topo.self_values[cfg.kind][frontier],
                                    relabel)
             blocks.append(block)

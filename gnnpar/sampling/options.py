@@ -4,6 +4,10 @@ from __future__ import annotations
 import argparse
 
 from gnnpar.datasets import InputError
+from gnnpar.kernels.algorithms import get_grouped, group_names
+from gnnpar.kernels.grid import parse_grid
+
+from .neighbor import parse_fanouts
 
 MODES = ("fullbatch", "minibatch")
 #: every flag of :func:`add_minibatch_args` but ``--mode``: only ``--mode minibatch`` reads them
@@ -79,7 +83,6 @@ def check_mode_args(args) -> None:
                 raise InputError(f"{_flag(name, value)} needs --mode minibatch (full-batch "
                                  f"training ignores it)")
         return
-    from .neighbor import parse_fanouts
     if args.fanouts is None or args.batch_size is None:
         raise InputError("--mode minibatch needs --fanouts (one per layer, e.g. 15,10,5) and "
                          "--batch-size")
@@ -101,17 +104,16 @@ def check_mode_args(args) -> None:
 def check_group_args(args) -> None:
     """``--algo``/``--group-size``/``--grid`` of grouped mini-batch training (world-size
     checks where ``--nprocs`` gives it; under a launcher the ranks check it)."""
+    choices = ", ".join(group_names())
     if args.algo == "serial":
         if args.group_size is not None and args.group_size != 1:
-            raise InputError("--group-size needs --algo (1d, 1d-halo, 1.5d, 2d, 3d or 4d) to "
-                             "split each sampled subgraph over its group")
+            raise InputError(f"--group-size needs --algo ({choices}) to split each sampled "
+                             "subgraph over its group")
         return
     if args.algo == "auto":
         raise InputError("--algo auto is for full-batch training; in --mode minibatch give "
-                         "--algo 1d, 1d-halo, 1.5d, 2d, 3d or 4d with --group-size/--grid")
+                         f"--algo {choices} with --group-size/--grid")
     if args.group_size is not None and args.group_size < 1:
         raise InputError(f"--group-size must be >= 1, got {args.group_size}")
-    from gnnpar.kernels.build import group_grid_shape
-    from gnnpar.kernels.grid import parse_grid
     dims = parse_grid(args.grid) if args.grid else None
-    group_grid_shape(args.algo, args.nprocs, args.group_size, dims, args.replication or 1)
+    get_grouped(args.algo).group_shape(args.nprocs, args.group_size, dims, args.replication or 1)

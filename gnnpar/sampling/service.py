@@ -281,17 +281,17 @@ class MacrobatchService:
         K, plan, st = self.cfg.macrobatch, self.plan, self.store
         steps = range(m * K, min((m + 1) * K, plan.steps))
         seeds = [self._epoch_seeds(epoch)[s] for s in steps]
-        link = None if self.topo.replicated else (comm, axes)
+        owners = None if self.topo.replicated else (comm, axes)
         if self.cfg.sampler == "device":
             draws = [DRAWS[self.cfg.draws](self.cfg.seed, epoch, plan.stream, s, self.device)
                      for s in steps]
             blocks = self.sampler.sample(seeds, draws, relabel)
         elif isinstance(self.sampler, BulkSampler):
             rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
-            blocks = self.sampler.sample(seeds, rngs, relabel, link)
+            blocks = self.sampler.sample(seeds, rngs, relabel, owners)
         else:
             rngs = [batch_rng(self.cfg.seed, epoch, plan.stream, s) for s in steps]
-            blocks = [self.sampler.sample(s, r, relabel, link) for s, r in zip(seeds, rngs)]
+            blocks = [self.sampler.sample(s, r, relabel, owners) for s, r in zip(seeds, rngs)]
         shares = [self.share(b) for b in blocks]
         union = relabel.union([sh.input_ids for sh in shares])
         table, fetched = st.fetch(union, comm, axes)

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from typing import Dict, Sequence
 
 import numpy as np
+import torch
 
 from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.normalize import KINDS, union_structure, values_for
+from gnnpar.kernels.local import as_tensor
 
 
 def index_dtype(n: int):
@@ -50,10 +52,6 @@ class Topology:
     @property
     def num_nodes(self) -> int:
         return int(self.indptr.shape[0]) - 1
-
-    @property
-    def num_entries(self) -> int:
-        return int(self.entries.shape[0])
 
     @property
     def indices(self) -> np.ndarray:
@@ -142,9 +140,7 @@ def gather_topology(shard, comm, axes, kinds: Sequence[str] = ("gcn",)) -> Topol
     Counted in ``comm``'s current phase (callers use ``setup``): every rank sends its
     ``nnz`` entries (column id 8 B + 4 B per kind) and its row ids and counts to all others.
     """
-    import torch
 
-    from gnnpar.kernels.local import as_tensor
     kinds = _check_kinds(kinds)
     for k in kinds:
         if k not in shard.values:

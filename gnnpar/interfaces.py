@@ -1,0 +1,159 @@
+"""The contracts between gnnpar's layers, written as code (``docs/architecture.md`` draws them).
+
+- :class:`Runtime` — what the full-batch loop (:func:`gnnpar.trainer.fit`) trains on:
+  :class:`gnnpar.serial.SerialRuntime` and :class:`gnnpar.distributed.DistRuntime`.
+- :class:`MiniBatchEngine` — how a mini-batch step runs its blocks and combines gradients
+  (:func:`gnnpar.sampling.loop.fit_minibatch`): :class:`~gnnpar.sampling.loop.DataParallel`
+  and :class:`~gnnpar.sampling.grouped.GroupEngine`.
+- :class:`ShardRows` / :class:`Shard` — the rows of Â a kernel builder reads, and one rank's
+  part of a dataset as partitioners write it (:class:`gnnpar.partitioners.shard_build.Shard`).
+- :class:`CommStats` — one epoch's communication, the one shape every runtime and engine
+  returns.
+- :class:`Reducer` — the collectives a training loop itself needs (metric sums and maxima,
+  the gradient sum), one implementation for every runtime and engine.
+"""
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+
+from gnnpar.kernels.comm import Comm
+
+#: the node splits every dataset, shard and log uses, in this order
+SPLITS = ("train", "val", "test")
+
+
+class CommStats(NamedTuple):
+    """Bytes sent (summed over the ranks it covers), bytes of the busiest rank, seconds spent
+    in collectives — since the previous call. An engine reports its own rank's
+    (``bytes == bytes_max_rank``); a runtime reports the world's."""
+
+    bytes: int = 0
+    bytes_max_rank: int = 0
+    seconds: float = 0.0
+
+
+class Reducer:
+    """Collectives over ``axes`` of ``comm`` for the training loops; identities when ``comm``
+    is None or the axes hold one rank.
+
+    ``sum``/``max``: small metric tensors, sent as control traffic (not counted: they are not
+    the algorithm's). ``sync_grads``: every parameter's gradient summed over the axes in one
+    flat all-reduce, phase ``grad_sync`` (counted); a parameter a step gave no gradient
+    contributes zeros, so every rank reduces the same number of elements.
+    """
+
+    def __init__(self, comm: Optional[Comm] = None, axes=()):
+        self.comm, self.axes = comm, axes
+        self.world = 1 if comm is None else len(comm.grid.ranks_of(axes))
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.world == 1 else self.comm.reduce_control(t, self.axes)
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.world == 1 else self.comm.reduce_control(t, self.axes, "max")
+
+    def max_int(self, value: int) -> int:
+        return int(self.max(torch.tensor([float(value)], dtype=torch.float64))[0])
+
+    def sync_grads(self, params) -> None:
+        if self.world == 1:
+            return
+        params = list(params)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        with self.comm.in_phase("grad_sync"):
+            self.comm.all_reduce(flat, self.axes)
+        offset = 0
+        for p in params:
+            g = flat[offset:offset + p.numel()].view_as(p)
+            p.grad = g.clone() if p.grad is None else p.grad.copy_(g)
+            offset += p.numel()
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """This rank's rows and the collectives :func:`gnnpar.trainer.fit` needs.
+
+    ``op``: the aggregation operator handed to the model (one, or one per layer);
+    ``x`` (n_local, f), ``y`` (n_local,), ``masks``: :data:`SPLITS` → bool (n_local,).
+    """
+
+    op: object
+    x: torch.Tensor
+    y: torch.Tensor
+    masks: Dict[str, torch.Tensor]
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a small tensor over every rank (identity serially)."""
+
+    def all_reduce_max(self, value: int) -> int:
+        """The largest ``value`` of any rank."""
+
+    def sync_grads(self, params) -> None:
+        """Sum each parameter's gradient over the ranks that share it."""
+
+    def comm_stats(self) -> CommStats:
+        """The world's communication since the last call (zeros serially)."""
+
+    def start_pass(self) -> None:
+        """A forward pass begins (a runtime reusing SpMM outputs rewinds them)."""
+
+
+@runtime_checkable
+class MiniBatchEngine(Protocol):
+    """How a sampled minibatch's blocks run and how gradients are combined."""
+
+    def operators(self, batch) -> Sequence:
+        """One operator per layer for a :class:`~gnnpar.sampling.service.ReadyBatch`."""
+
+    def sync_grads(self, params) -> None:
+        """Sum gradients over every rank (zeros for a parameter without one)."""
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce a small metric tensor over every rank (uncounted)."""
+
+    def comm_stats(self) -> CommStats:
+        """This rank's training communication since the last call."""
+
+
+@runtime_checkable
+class ShardRows(Protocol):
+    """The rows of Â a kernel builder reads (a partitioner's shard, or a sampled block's
+    :class:`~gnnpar.kernels.bipartite.BlockShard`).
+
+    Rows: ``n_local`` of ``n_global``, global ids ``global_ids`` (n_local,). CSR over them:
+    ``indptr`` (n_local+1,), ``indices`` into [local rows, then ``halo_ids`` grouped by owner
+    rank], ``values``: normalisation → (nnz,) float32. Halo plan: ``recv_counts``/
+    ``send_counts`` (P,), ``send_local`` (Σ send,) local rows to send; ``meta``: where the
+    rows came from (a partition: method, seed, parts, fingerprint).
+    """
+
+    n_local: int
+    n_global: int
+    global_ids: np.ndarray
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: Dict[str, np.ndarray]
+    halo_ids: np.ndarray
+    recv_counts: np.ndarray
+    send_counts: np.ndarray
+    send_local: np.ndarray
+    meta: dict
+
+
+@runtime_checkable
+class Shard(ShardRows, Protocol):
+    """One rank's part of a dataset (:class:`gnnpar.partitioners.shard_build.Shard`, written by
+    ``gnnpar-partition`` and memory-mapped by the ranks): its rows plus their data —
+    ``x`` (n_local, f), ``y`` (n_local,), ``train_mask``/``val_mask``/``test_mask``
+    (n_local,) bool, ``num_classes``."""
+
+    x: np.ndarray
+    y: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    num_classes: int

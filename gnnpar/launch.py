@@ -1,0 +1,149 @@
+"""Find the world and start the ranks; nothing else (each rank's setup is :mod:`gnnpar.rank`).
+
+- serial (no ``--nprocs``, no launcher): :func:`gnnpar.rank.run_rank` in this process;
+- ``--nprocs N``: write the shards once (:mod:`gnnpar.shard_source`) and spawn N local ranks
+  (:mod:`gnnpar.spawn`), each memory-mapping only its shard; the scratch shards are removed
+  on every way out, SIGTERM included;
+- launched (``torchrun``, ``srun``, ``mpirun``; :mod:`gnnpar.bootstrap` reads the world):
+  this process is one rank; it joins the process group, a watchdog watches its peers.
+
+World-size decisions are made here, once, before any rank runs: ``--algo auto`` (the cost
+model's best algorithm, grid and variant that fits) and the backend. They go into a new
+:class:`~gnnpar.spec.RunSpec`; nothing below rewrites it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+
+from gnnpar.datasets import Graph, InputError
+from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.partitioners.shards import read_meta
+
+from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
+from .plan_cli import plan
+from .rank import run_rank
+from .shard_source import ShardSource, has_shards, load_graph, prepare_shards
+from .spawn import SpawnError, spawn
+from .spec import RunSpec
+from .watchdog import EXIT_PREEMPTED, Watchdog
+
+
+def launch(spec: RunSpec) -> dict:
+    """Run ``spec`` to the end; returns the final record (rank 0's when there are ranks)."""
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    if (spec.algo != "serial" or spec.minibatch) and (spec.nprocs or detect_world().launched):
+        return run_distributed(spec)
+    if spec.algo != "serial":
+        raise InputError(f"--algo {spec.algo} needs --nprocs N or a launcher (torchrun, srun)")
+    return run_rank(spec)
+
+
+def run_distributed(spec: RunSpec) -> dict:
+    """Spawn ``--nprocs`` local ranks, or join the world of the launcher that started this
+    process."""
+    info = detect_world(spec.nprocs)
+    graph = None
+    if spec.algo == "auto":
+        spec, graph = choose_algorithm(spec, info.world_size)
+    backend = spec.backend
+    if backend == "auto" and torch.device(spec.device).type == "cpu":
+        backend = "gloo"  # a GPU host asked to train on CPU: NCCL cannot carry CPU tensors
+    if info.source == "local":
+        return _spawn_local(spec.evolve(backend=resolve_backend(backend, info)[0]), graph)
+    return _join_launched(spec, info, backend)
+
+
+def choose_algorithm(spec: RunSpec, world: int):
+    """``--algo auto``: the cost model's best algorithm, grid and variant that fits, as a new
+    spec; and the graph when it had to be loaded (so the shards need not load it again)."""
+    graph: Optional[Graph] = None
+    if has_shards(spec):
+        meta = read_meta(spec.partition_dir)
+        n, m, f_in, classes = meta["n"], meta["nnz"], meta["num_features"], meta["num_classes"]
+    else:
+        graph = load_graph(spec)
+        n, m = graph.num_nodes, graph.num_edges + graph.num_nodes
+        f_in, classes = graph.num_features, graph.num_classes
+    rows = plan(n, m, f_in, spec.hidden, classes, spec.layers, world, spec.model, spec)
+    best = rows[0]
+    if not best["fits"]:
+        lean = min(rows, key=lambda r: r["memory"])
+        raise InputError(f"no algorithm fits --mem-cap {spec.mem_cap} on {world} ranks (the "
+                         f"leanest, {lean['algo']} {lean['grid']}, needs "
+                         f"{lean['memory'] / 2**20:.1f} MiB per rank)")
+    reads = algorithm(best["algo"]).flags  # only the layout flags the algorithm reads
+    chosen = spec.evolve(
+        algo=best["algo"], grid=best["grid"] if "grid" in reads else None,
+        replication=best["replication"] if "replication" in reads else None,
+        variant=best["variant"] if "variant" in reads else None)
+    if not spec.quiet:
+        print(f"--algo auto chose {chosen.algo} grid {best['grid']} ({best['variant']}): "
+              f"modelled {best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank",
+              file=sys.stderr)
+    return chosen, graph
+
+
+def _spawned(rank: int, world: int, spec: RunSpec, source: ShardSource) -> dict:
+    return run_rank(spec, rank, world, source)
+
+
+def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None) -> dict:
+    if not spec.minibatch:
+        spec.grid_shape(spec.nprocs)  # fail before writing shards or spawning
+    source, temporary = None, False
+    with _sigterm_unwinds():  # a SIGTERM while shards are written still removes them
+        try:
+            source, temporary = prepare_shards(spec, spec.nprocs, graph)
+            return spawn(_spawned, spec.nprocs, args=(spec, source), backend=spec.backend,
+                         timeout_s=spec.timeout)[0]
+        except SpawnError as e:
+            if e.failure.kind == "input":
+                raise InputError(e.failure.message) from None
+            if e.failure.exit_code == EXIT_PREEMPTED:
+                print("gnnpar-train: preempted (SIGTERM): checkpoint written", file=sys.stderr)
+                raise SystemExit(EXIT_PREEMPTED)
+            raise RuntimeError(e.headline) from None
+        finally:
+            if temporary:
+                shutil.rmtree(os.path.dirname(source.folder), ignore_errors=True)
+
+
+@contextmanager
+def _sigterm_unwinds():
+    """SIGTERM raises ``SystemExit(143)`` in this (main) thread, so every ``finally`` runs
+    (while ranks run, spawn passes SIGTERM on to them and re-raises it here afterwards)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def preempted(signum, frame):
+        raise SystemExit(EXIT_PREEMPTED)
+    old = signal.signal(signal.SIGTERM, preempted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _join_launched(spec: RunSpec, info: WorldInfo, backend: str) -> dict:
+    """One rank of an external launch: join, watch the peers, train, leave."""
+    ctx = init_distributed(info, backend, spec.timeout)
+    if ctx.device.type == "cuda":
+        spec = spec.evolve(device=str(ctx.device))
+    wd = Watchdog(info.rank, info.world_size, timeout=spec.timeout).start()
+    try:
+        with wd.guard():
+            return run_rank(spec, info.rank, info.world_size,
+                            ShardSource(spec.partition_dir), wd)
+    finally:
+        wd.stop()
+        shutdown()

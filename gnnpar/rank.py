@@ -1,0 +1,131 @@
+"""One rank's setup and training — the one path every run takes, serial or distributed,
+full batch or mini batch.
+
+:func:`run_rank` builds, in this order: the device, the rows (the whole graph for a serial
+run, else this rank's shard, :mod:`gnnpar.shard_source`), the model (seeded alike on every
+rank), the rank's own random stream (dropout differs between ranks), then what the mode adds
+(:class:`Training`: full batch — a :class:`~gnnpar.interfaces.Runtime`; mini batch — the
+sampling service and an engine, :mod:`gnnpar.sampling.setup`), the optimiser, checkpointing
+and the JSON log (:func:`gnnpar.logged.train_logged`). The launcher (:mod:`gnnpar.launch`)
+calls it in-process for a serial run and once per rank otherwise; ``docs/architecture.md``
+follows one step of each mode file by file.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Union
+
+import torch
+
+from gnnpar.datasets import Graph
+from gnnpar.kernels.algorithms import get as algorithm
+
+from .distributed import DistRuntime
+from .interfaces import Shard
+from .logged import train_logged
+from .models import build_model
+from .resume import Checkpointing, run_meta
+from .sampling.loop import fit_minibatch
+from .sampling.setup import build_rank, final_sampling, serial_parts
+from .serial import SerialRuntime
+from .shard_source import ShardSource, load_graph, load_rank_shard, shard_fingerprint
+from .spec import RunSpec
+from .trainer import TrainConfig, fit, make_optimizer
+
+
+@dataclass
+class Training:
+    """What a mode adds to the common setup: ``fit(opt, cfg, on_epoch, start) -> records``,
+    the run-level log ``fields`` and progress ``desc``, the grid recorded in checkpoints,
+    extra final-record fields, and extra run-identity entries."""
+
+    fit: Callable
+    fields: dict
+    desc: str
+    grid: List[int]
+    extra_final: Optional[Callable] = None
+    identity: dict = field(default_factory=dict)
+
+
+def rank_device(spec: RunSpec, rank: int) -> torch.device:
+    """The spec's device; a bare ``cuda`` becomes one GPU per local rank."""
+    device = torch.device(spec.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
+             source: Optional[ShardSource] = None, watchdog=None) -> dict:
+    """Set up and train; returns the final record. ``source`` None: one process with the
+    whole graph (serial); else this rank's shard. ``watchdog`` (external launches) is told
+    each communication phase, so a lost peer is reported with what this rank was doing."""
+    device = rank_device(spec, rank)
+    data = load_graph(spec) if source is None else load_rank_shard(rank, world, spec, source)
+    if source is None and not spec.quiet:
+        print(data.summary(), file=sys.stderr)
+    f_in, f_out = _dims(data)
+    torch.manual_seed(spec.seed)  # identical initial weights on every rank
+    model = build_model(spec.model, f_in, spec.hidden, f_out, spec.layers,
+                        spec.dropout).to(device)
+    if source is not None:
+        torch.manual_seed(spec.seed * 1000003 + rank)  # dropout masks differ between ranks
+    build = _minibatch if spec.minibatch else _fullbatch
+    training = build(spec, rank, world, data, model, device, watchdog)
+    cfg = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay)
+    opt = make_optimizer(model, cfg)
+    fingerprint = (shard_fingerprint(data, spec) if source is not None else
+                   data.fingerprint() if spec.checkpoint_dir else None)
+    meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity}
+    lead = rank == 0
+    ckpt = Checkpointing(spec, rank, meta, model, opt, spec.quiet or not lead)
+    return train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
+                        model, spec, training.fields, lead, training.desc,
+                        {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
+                        ckpt=ckpt)
+
+
+def _dims(data: Union[Graph, Shard]):
+    """(input features, classes) of the whole graph or of a shard."""
+    if isinstance(data, Graph):
+        return data.num_features, data.num_classes
+    return int(data.x.shape[1]), int(data.num_classes)
+
+
+def _fullbatch(spec, rank, world, data, model, device, watchdog) -> Training:
+    if isinstance(data, Graph):
+        runtime = SerialRuntime(data, model.norm, device)
+        fields, desc, grid = {"algo": "serial", "world_size": 1, "grid": [1]}, "train", [1]
+    else:
+        shape = spec.grid_shape(world)
+        grid = algorithm(spec.algo).make_grid(world, spec.grid_dims, spec.replication or 1)
+        runtime = DistRuntime(grid, data, spec.algo, model.norm, device,
+                              **algorithm(spec.algo).options(spec))
+        if watchdog is not None:
+            runtime.comm.on_phase = watchdog.set_phase
+        sizes = list(shape.values())
+        fields = {"algo": spec.algo, "world_size": world, "grid": sizes}
+        desc, grid = f"train[{spec.algo} x{world}]", sizes
+    return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
+                                                          start, opt), fields, desc, grid)
+
+
+def _minibatch(spec, rank, world, data, model, device, watchdog) -> Training:
+    if isinstance(data, Graph):
+        parts = serial_parts(spec, data, model.norm, device)
+    else:
+        parts = build_rank(rank, world, data, spec, model.norm, device)
+    info = parts.info
+    fields = {"algo": "data-parallel" if world > 1 else "serial", "world_size": world,
+              "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood",
+              **info.pop("layout", {})}
+    return Training(
+        lambda opt, cfg, on_epoch, start: fit_minibatch(model, parts.service, parts.engine,
+                                                        parts.eval_runtime, cfg, on_epoch,
+                                                        start, opt),
+        fields, f"minibatch x{world}", [world],
+        extra_final=lambda history: {**final_sampling(history), **info},
+        # the device sampler draws other blocks than the host's (hash draws)
+        identity={"sample_on": info["sample_on"]})

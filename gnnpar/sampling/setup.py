@@ -1,0 +1,188 @@
+"""Mini-batch training's part of a rank's setup (:mod:`gnnpar.rank` does the rest).
+
+:func:`serial_parts` (one process, the whole graph) and :func:`build_rank` (rank ``rank`` of
+a data-parallel or grouped run, from its shard) build the :class:`MiniBatchParts`: the
+macrobatch service, the engine, the full-graph evaluation runtime and the run's setup facts.
+Per rank: the sampling structure, replicated (:mod:`~gnnpar.sampling.topology`, gathered
+from the shards) or partitioned (:mod:`~gnnpar.sampling.partitioned`,
+``--no-replicate-graph``), its own feature rows plus the owner map and cache
+(:mod:`~gnnpar.sampling.features`), its training seeds, and one process group per sampler
+worker besides the trainer's (gradients) and the evaluator's (halo exchange).
+
+Commands::
+
+    gnnpar-train --mode minibatch --dataset rmat:scale=17,ef=16 --model sage \\
+        --fanouts 15,10,5 --batch-size 1024 --macrobatch 4 --sampler-workers 1 --prefetch 2
+    gnnpar-train --mode minibatch --nprocs 4 --fanouts 10,5 --batch-size 1024 \\
+        --macrobatch 16 --cache-frac 0.1
+"""
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import Graph
+from gnnpar.interfaces import SPLITS, MiniBatchEngine, Reducer, Runtime
+from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.kernels.comm import Comm
+from gnnpar.kernels.grid import ProcessGrid
+from gnnpar.kernels.local import as_tensor
+from gnnpar.serial import SerialRuntime
+from gnnpar.trainer import RuntimeCollectives
+
+from .bulk import BulkSampler
+from .cache import PRESAMPLE_EPOCH, cache_size, choose_cache
+from .features import FeatureStore
+from .grouped import Group, GroupedService
+from .loop import DataParallel
+from .neighbor import SamplerConfig, batch_rng
+from .partitioned import PartitionedTopology
+from .placement import Placement, resolve_placement
+from .seeds import EpochPlan
+from .service import MacrobatchService, ServiceConfig
+from .topology import Topology, gather_topology
+
+#: minibatches the ``presample`` cache policy samples at setup (at most one epoch's).
+PROBE_STEPS = 32
+
+
+def _service_cfg(spec, device, placement: Placement) -> ServiceConfig:
+    return ServiceConfig(macrobatch=spec.macrobatch or 1, workers=spec.sampler_workers,
+                         prefetch=spec.prefetch, seed=spec.seed, device=str(device),
+                         sampler=placement.sample_on)
+
+
+def _place(spec, device, topo, store, grouped: bool, lead: bool) -> Placement:
+    """Resolve ``--sample-on``/``--features-on`` (:mod:`.placement`), move the rows, say why
+    a choice fell back (lead rank, unless --quiet)."""
+    placement = resolve_placement(spec.sample_on, spec.features_on, device,
+                                  replicated=bool(topo.replicated), grouped=grouped,
+                                  feature_bytes=store.nbytes(), topo_bytes=topo.nbytes())
+    if placement.features_on == "device" or torch.device(device).type == "cpu":
+        store.to(device)  # on a CPU: the owner map as tensors, for device-sampled ids
+    if lead and not spec.quiet:
+        for note in placement.notes:
+            print(f"gnnpar-train: note: {note}", file=sys.stderr)
+    return placement
+
+
+class MiniBatchParts(NamedTuple):
+    """What a mode-independent rank setup needs from mini-batch training."""
+
+    service: MacrobatchService
+    engine: MiniBatchEngine
+    eval_runtime: Runtime
+    info: dict  #: setup facts for the final record (``layout``: extra log fields)
+
+
+def serial_parts(spec, graph: Graph, norm: str, device) -> MiniBatchParts:
+    """One process, the whole graph in memory."""
+    topo = Topology.from_graph(graph, (norm,))
+    store = FeatureStore.local(graph.x)
+    placement = _place(spec, device, topo, store, False, True)
+    seeds = np.flatnonzero(np.asarray(graph.train_mask))
+    plan = EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch_size, spec.seed)
+    service = MacrobatchService(topo, store, plan,
+                                SamplerConfig(spec.fanouts, norm, spec.replace),
+                                _service_cfg(spec, device, placement),
+                                torch.as_tensor(np.asarray(graph.y, np.int64)))
+    info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0,
+            "sample_on": placement.sample_on, "features_on": placement.features_on}
+    return MiniBatchParts(service, DataParallel(), SerialRuntime(graph, norm, device), info)
+
+
+class _EvalRuntime(RuntimeCollectives):
+    """What :func:`gnnpar.trainer.evaluate` needs: the 1D halo-exchange operator over this
+    rank's rows, the rows' features (shared with the feature store), labels and masks."""
+
+    def __init__(self, shard, grid, store: FeatureStore, norm: str, device):
+        self.comm = Comm(grid)
+        self.reducer = Reducer(self.comm, "row")
+        with self.comm.in_phase("setup"):
+            self.op = algorithm("1d-halo").build(shard, self.comm, norm, device)
+        self.x = store.x.to(device)
+        self.y = as_tensor(shard.y, np.int64).to(device)
+        self.masks = {s: as_tensor(getattr(shard, f"{s}_mask"), np.bool_).to(device)
+                      for s in SPLITS}
+
+
+def build_rank(rank: int, world: int, shard, spec, norm: str, device) -> MiniBatchParts:
+    """Everything rank ``rank`` needs but the model.
+
+    ``spec.algo`` other than ``serial`` splits the ranks into groups that each run one sampled
+    subgraph on a distributed SpMM (:mod:`~gnnpar.sampling.grouped`)."""
+    grid = ProcessGrid.create({"data": world})
+    comm = Comm(grid)
+    group = None if spec.algo == "serial" else Group.create(spec, world)
+    with comm.in_phase("setup"):
+        store = FeatureStore.from_shard(shard, comm, "data")
+        if spec.replicate_graph:
+            topo = gather_topology(shard, comm, "data", (norm,))
+        else:
+            topo = PartitionedTopology.from_shard(shard, comm, "data", (norm,), store.owner,
+                                                  store.local_index, store.rank)
+        train = np.asarray(shard.train_mask)
+        seeds = np.asarray(shard.global_ids)[train]
+        if group is not None:
+            seeds, labels = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
+        counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
+                                                             "data"))]
+    if group is not None:  # every member holds its group's seeds: one count per group
+        counts, stream = counts[::group.g], group.index
+    else:
+        stream = rank
+    plan = EpochPlan(seeds, counts, stream, spec.batch_size, spec.seed)
+    sampler = SamplerConfig(spec.fanouts, norm, spec.replace)
+    n_cache = cache_size(spec.cache_frac, topo.num_nodes, shard.n_local)
+    probe = None
+    if spec.cache_policy == "presample" and n_cache:
+        with comm.in_phase("setup"):
+            probe = _presample_inputs(topo, sampler, plan, spec.seed, (comm, "data"))
+    ids = choose_cache(spec.cache_policy, topo, store.owner != store.rank, n_cache, probe)
+    with comm.in_phase("setup"):
+        table, _ = store.fetch(ids, comm, "data", use_cache=False)
+    store.set_cache(ids, table.remote_rows)
+    placement = _place(spec, device, topo, store, group is not None, rank == 0)
+    workers = [(Comm(ProcessGrid.create({"data": world})), "data")
+               for _ in range(spec.sampler_workers)]
+    eval_runtime = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
+    setup_bytes, _, _ = comm.reset()
+    info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
+            "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes(),
+            "sample_on": placement.sample_on, "features_on": placement.features_on}
+    if group is None:
+        service = MacrobatchService(topo, store, plan, sampler,
+                                    _service_cfg(spec, device, placement),
+                                    as_tensor(shard.y, np.int64), workers)
+        engine = DataParallel(comm, "data")
+    else:
+        service = GroupedService(topo, store, plan, sampler,
+                                 _service_cfg(spec, device, placement),
+                                 (seeds, labels), workers, group.me, group.g, group.offset)
+        engine = group.engine(norm, device)
+        setup_bytes += group.comm.reset()[0]
+        info["layout"] = group.fields()
+    info["setup_bytes"] = setup_bytes
+    return MiniBatchParts(service, engine, eval_runtime, info)
+
+
+def _presample_inputs(topo, sampler: SamplerConfig, plan: EpochPlan, seed: int,
+                      owners) -> list:
+    """Input ids of up to PROBE_STEPS minibatches of this rank's seeds (own epoch tag; the
+    same count on every rank, so a partitioned structure's lookups pair up)."""
+    steps = min(plan.steps, PROBE_STEPS)
+    seeds = plan.minibatches(PRESAMPLE_EPOCH)[:steps]
+    rngs = [batch_rng(seed, PRESAMPLE_EPOCH, plan.stream, s) for s in range(steps)]
+    blocks = BulkSampler(topo, sampler).sample(seeds, rngs,
+                                               owners=None if topo.replicated else owners)
+    return [b[0].src_ids for b in blocks]
+
+
+def final_sampling(history) -> dict:
+    """Run totals of the sampling fields for the final JSON record."""
+    keys = ("sampled_edges", "input_nodes", "unique_input_nodes", "feat_bytes", "sampler_s",
+            "stall_s")
+    return {k: sum(r[k] for r in history) for k in keys} if history else {}

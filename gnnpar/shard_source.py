@@ -1,0 +1,144 @@
+"""Where each rank's rows come from: shards written once, or cut from the dataset.
+
+- ``--nprocs N`` (:func:`prepare_shards`, in the launching process): use ``--partition-dir``
+  when it holds shards for N ranks of ``--dataset``; otherwise partition the dataset once and
+  write the shards (to ``--partition-dir``, or a scratch folder of :mod:`gnnpar.scratch` the
+  launcher removes afterwards). Each rank then memory-maps only its own shard.
+- launched ranks (torchrun, srun, mpirun) with ``--partition-dir``: each rank maps its shard;
+  rank 0 alone compares the shards with ``--dataset`` (:func:`load_rank_shard`) so a job loads
+  the whole graph at most once. Without shards every rank cuts its own from the dataset in
+  memory (fine for small graphs; partition large ones with ``gnnpar-partition`` first).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from gnnpar.datasets import DEFAULT_SPEC, Graph, InputError, load_dataset
+from gnnpar.kernels.comm import control_all_reduce
+from gnnpar.partitioners import partition_graph, write_shards
+from gnnpar.partitioners.shard_build import build_shard
+from gnnpar.partitioners.shards import check_shard_folder, dataset_source, load_shard, read_meta
+
+from .interfaces import Shard
+from .scratch import make_scratch_dir, remove_stale_scratch_dirs
+
+DEFAULT_PARTITIONER = "metis"
+SHARDS_PREFIX = "gnnpar-shards-"  # temporary shards of a --nprocs run without --partition-dir
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """The shard folder the ranks read (None: cut from the dataset in memory) and whether it
+    was already compared with ``--dataset`` (by the launching process)."""
+
+    folder: Optional[str] = None
+    checked: bool = False
+
+
+def has_shards(spec) -> bool:
+    return bool(spec.partition_dir) and os.path.lexists(os.path.join(spec.partition_dir,
+                                                                     "meta.json"))
+
+
+def load_graph(spec) -> Graph:
+    """The whole dataset of ``spec`` (``--dataset``, default a small SBM)."""
+    return load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
+                        cache_dir=spec.cache_dir)
+
+
+def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
+    """Refuse shards of another graph than ``--dataset`` (without ``--dataset`` the shards are
+    used as they are). Cheap when the shards record the same dataset identity (spec params,
+    directed flag, input files' size and mtime); otherwise the dataset is loaded and its
+    fingerprint compared with the shards'."""
+    if not spec.dataset:
+        return
+    meta = meta if meta is not None else read_meta(shard_dir)
+    source = meta.get("source") or {}
+    if source.get("key") == dataset_source(spec.dataset, spec.directed)["key"]:
+        return
+    if load_graph(spec).fingerprint() != meta["fingerprint"]:
+        written = source.get("spec") or f"a graph of fingerprint {meta['fingerprint']}"
+        written += " --directed" if source.get("directed") else ""
+        given = spec.dataset + (" --directed" if spec.directed else "")
+        raise InputError(f"--partition-dir {shard_dir} holds shards of {written}, not of "
+                         f"--dataset {given}; give the dataset they were written for, drop "
+                         "--dataset, or use another --partition-dir")
+
+
+def _check_shards_on_rank_0(rank: int, spec, shard_dir: str) -> None:
+    """Launched ranks (all together): rank 0 runs :func:`check_shards_dataset`, which may load
+    the dataset; the others take its verdict."""
+    failure = None
+    if rank == 0:
+        try:
+            check_shards_dataset(spec, shard_dir)
+        except InputError as e:
+            failure = e
+    verdict = control_all_reduce(torch.tensor([0 if failure is None else 1]), "max")
+    if failure is not None:
+        raise failure
+    if int(verdict[0]):
+        raise InputError(f"--partition-dir {shard_dir} does not hold shards of --dataset "
+                         f"{spec.dataset} (rank 0 says which graph it holds)")
+
+
+def prepare_shards(spec, world: int, graph: Optional[Graph] = None
+                   ) -> Tuple[ShardSource, bool]:
+    """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them; returns
+    the source and whether its folder is a temporary one made here (``shards/`` inside a
+    :mod:`~gnnpar.scratch` folder: the caller removes that folder, its parent)."""
+    out = spec.partition_dir
+    if has_shards(spec):
+        meta = read_meta(out)
+        if int(meta["parts"]) != world:
+            raise InputError(f"the shards in {out} are for {meta['parts']} ranks but --nprocs is "
+                             f"{world}; rerun gnnpar-partition with --parts {world}")
+        check_shards_dataset(spec, out, meta)
+        return ShardSource(out, checked=True), False
+    if out:
+        check_shard_folder(out, "--partition-dir")  # refused before anything is loaded
+    source = dataset_source(spec.dataset or DEFAULT_SPEC, spec.directed)
+    temporary = not out
+    if temporary:  # shards/ inside a scratch folder that records its owner
+        remove_stale_scratch_dirs(SHARDS_PREFIX, allow_dirs=True)
+        out = os.path.join(make_scratch_dir(SHARDS_PREFIX), "shards")
+    try:
+        graph = graph if graph is not None else load_graph(spec)
+        if not spec.quiet:
+            print(graph.summary(), file=sys.stderr)
+        part = partition_graph(graph, world, spec.partitioner or DEFAULT_PARTITIONER,
+                               seed=spec.seed)
+        write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
+                     what="--partition-dir" if not temporary else "shard folder")
+    except BaseException:
+        if temporary:  # every way out: no gnnpar-shards-* is left in $TMPDIR
+            shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+        raise
+    return ShardSource(out, checked=True), temporary
+
+
+def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
+    """This rank's shard: memory-mapped from ``source.folder``, or (no shards written) cut
+    from the dataset in memory — every rank loads the whole graph then."""
+    if source.folder is not None:
+        if not source.checked:  # launched: the dataset not compared yet
+            _check_shards_on_rank_0(rank, spec, source.folder)
+        return load_shard(source.folder, rank, world_size=world)
+    graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed)
+    return build_shard(graph, partition_graph(graph, world,
+                                              spec.partitioner or DEFAULT_PARTITIONER,
+                                              seed=spec.seed), rank)
+
+
+def shard_fingerprint(shard: Shard, spec) -> str:
+    """Dataset fingerprint plus partitioning, as a checkpoint records it."""
+    meta = shard.meta or {}
+    data = meta.get("fingerprint") or f"{spec.dataset or DEFAULT_SPEC}|directed={spec.directed}"
+    return f"{data}|{meta.get('method')}|seed={meta.get('seed')}|parts={meta.get('parts')}"

@@ -1,0 +1,138 @@
+"""The run spec: every setting of one ``gnnpar-train`` run, validated once, then frozen.
+
+``RunSpec.from_args(args)`` checks the parsed flags (:func:`gnnpar.options.check_args`: bad
+values and flags the run would ignore are refused with the flag's name), resolves the
+device and parses ``--grid`` and ``--fanouts``. The launcher (:mod:`gnnpar.launch`) then
+makes the world-size decisions — ``--algo auto``'s algorithm, grid and variant, the
+backend — with :meth:`RunSpec.evolve`, before any rank starts; every layer below reads the
+spec and none rewrites it (``dataclasses.FrozenInstanceError`` if one tries).
+
+Field names are the flags' (``--weight-decay`` → ``weight_decay``); the defaults are the
+parser's (a test keeps them equal), so ``RunSpec(algo="1d", nprocs=2)`` is a valid spec for
+code that builds runs without a command line. ``docs/architecture.md`` lists the layers
+that read which fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from gnnpar.datasets import InputError
+from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.kernels.grid import parse_grid
+
+from .options import check_args
+from .sampling.neighbor import parse_fanouts
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run's settings (module docstring); each group mirrors a ``--help`` section."""
+
+    # data
+    dataset: Optional[str] = None
+    directed: bool = False
+    cache_dir: Optional[str] = None
+    # model
+    model: str = "gcn"
+    layers: int = 2
+    hidden: int = 64
+    dropout: float = 0.5
+    # training
+    epochs: int = 100
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    seed: int = 0
+    device: str = "cpu"  #: resolved: "cpu", "cuda" or "cuda:N", never "auto"
+    threads: Optional[int] = None
+    # output
+    log_json: Optional[str] = None
+    save_model: Optional[str] = None
+    profile: Optional[int] = None
+    profile_dir: str = "."
+    quiet: bool = False
+    debug: bool = False
+    max_memory: Optional[str] = None
+    # distribution
+    algo: str = "serial"  #: after the launcher, never "auto"
+    nprocs: Optional[int] = None
+    grid: Optional[str] = None
+    grid_dims: Optional[Tuple[int, ...]] = None  #: ``grid`` parsed
+    replication: Optional[int] = None
+    partitioner: Optional[str] = None
+    partition_dir: Optional[str] = None
+    backend: str = "auto"
+    variant: Optional[str] = None
+    mem_cap: Optional[str] = None
+    bandwidth: Optional[float] = None
+    latency: Optional[float] = None
+    timeout: float = 300.0
+    # mini batch
+    mode: str = "fullbatch"
+    fanouts: Optional[Tuple[int, ...]] = None  #: parsed, input layer first
+    batch_size: Optional[int] = None
+    macrobatch: Optional[int] = None
+    sampler_workers: int = 1
+    prefetch: int = 2
+    cache_frac: float = 0.0
+    cache_policy: str = "degree"
+    replace: bool = False
+    replicate_graph: bool = True
+    sample_on: str = "auto"
+    features_on: str = "auto"
+    group_size: Optional[int] = None
+    # checkpoints
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: int = 1
+    checkpoint_keep: int = 3
+    resume: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> "RunSpec":
+        """Check the parsed flags and freeze them (the device resolved, grid and fanouts
+        parsed)."""
+        check_args(args)
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if hasattr(args, f.name)}
+        values["device"] = str(pick_device(args.device))
+        values["grid_dims"] = parse_grid(args.grid) if args.grid else None
+        if args.fanouts is not None:
+            values["fanouts"] = parse_fanouts(args.fanouts)
+        return cls(**values)
+
+    def evolve(self, **changes) -> "RunSpec":
+        """A new spec with ``changes`` (the launcher's world-size decisions)."""
+        if "grid" in changes:
+            changes["grid_dims"] = parse_grid(changes["grid"]) if changes["grid"] else None
+        return dataclasses.replace(self, **changes)
+
+    def grid_shape(self, world: int) -> Dict[str, int]:
+        """The named process grid ``algo`` runs on with ``world`` ranks (checked)."""
+        shape = algorithm(self.algo).grid(world, self.grid_dims, self.replication or 1)
+        ranks = int(np.prod(list(shape.values())))
+        if ranks != world:
+            raise InputError(f"--grid {self.grid} gives {ranks} ranks but the world size is "
+                             f"{world}")
+        return shape
+
+    @property
+    def minibatch(self) -> bool:
+        return self.mode == "minibatch"
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the run needs ranks (a distributed algorithm, or mini batch on several)."""
+        return self.algo != "serial" or (self.minibatch and (self.nprocs or 1) > 1)
+
+
+def pick_device(choice: str) -> torch.device:
+    """``--device``: ``auto`` = cuda when torch sees a GPU."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda was asked for but torch sees no CUDA device")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)

@@ -1,0 +1,90 @@
+"""The written contracts (docs/architecture.md): the frozen run spec, the Protocols every
+runtime, engine and shard satisfies, and typed errors across the spawn boundary."""
+import dataclasses
+
+import pytest
+
+from gnnpar.datasets import InputError
+from gnnpar.interfaces import CommStats, MiniBatchEngine, Runtime, Shard, ShardRows
+from gnnpar.options import build_parser
+from gnnpar.partitioners import partition_graph, write_shards
+from gnnpar.partitioners.shards import load_shard
+from gnnpar.sampling.loop import DataParallel
+from gnnpar.serial import SerialRuntime
+from gnnpar.spawn import SpawnError, spawn
+from gnnpar.spec import RunSpec
+
+from .graphs import random_graph
+
+
+def test_run_spec_defaults_are_the_parsers():
+    parsed = vars(build_parser().parse_args([]))
+    spec = RunSpec()
+    for f in dataclasses.fields(RunSpec):
+        if f.name in parsed and f.name != "device":  # the device is resolved, never "auto"
+            assert getattr(spec, f.name) == parsed[f.name], f.name
+    assert set(parsed) <= {f.name for f in dataclasses.fields(RunSpec)}  # every flag has a field
+
+
+def test_run_spec_is_frozen_and_resolved_once():
+    args = build_parser().parse_args(["--algo", "2d", "--nprocs", "4", "--grid", "2x2",
+                                      "--mode", "minibatch", "--fanouts", "5,3",
+                                      "--batch-size", "8", "--group-size", "4"])
+    spec = RunSpec.from_args(args)
+    assert spec.device in ("cpu", "cuda") and spec.grid_dims == (2, 2)
+    assert spec.fanouts == (5, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.algo = "1d"
+    moved = spec.evolve(grid="4x1")
+    assert (moved.grid_dims, spec.grid_dims) == ((4, 1), (2, 2))
+    assert spec.grid_shape(4) == {"row": 2, "col": 2}
+    with pytest.raises(InputError, match="gives 4 ranks but the world size is 3"):
+        spec.grid_shape(3)
+    with pytest.raises(InputError, match="--layers"):  # refused when made, not later
+        RunSpec.from_args(build_parser().parse_args(["--layers", "0"]))
+
+
+def test_runtimes_engines_and_shards_satisfy_their_protocols(tmp_path):
+    g = random_graph(60, 300, seed=0)
+    assert isinstance(SerialRuntime(g, "gcn"), Runtime)
+    assert isinstance(DataParallel(), MiniBatchEngine)
+    assert DataParallel().comm_stats() == CommStats(0, 0, 0.0)
+    assert SerialRuntime(g, "gcn").comm_stats() == CommStats()
+    write_shards(g, partition_graph(g, 2, "block"), str(tmp_path / "s"), norms=("gcn",))
+    shard = load_shard(str(tmp_path / "s"), 1, world_size=2)
+    assert isinstance(shard, Shard) and isinstance(shard, ShardRows)
+
+
+def _fail_with(rank, world, exc):
+    if rank == 1:
+        raise exc
+    return rank
+
+
+@pytest.mark.parametrize("exc,kind,code", [
+    (InputError("--grid 3x3: bad: really"), "input", 2),
+    (SystemExit(143), "exit", 143),
+    (ValueError("x: y"), "error", None)])
+def test_a_ranks_failure_arrives_typed_with_its_own_message(exc, kind, code):
+    with pytest.raises(SpawnError) as info:
+        spawn(_fail_with, 2, args=(exc,), timeout_s=60)
+    f = info.value.failure
+    assert (info.value.rank, f.kind, f.exit_code) == (1, kind, code)
+    assert f.message == str(exc)  # the message as raised, never cut at a ": "
+    assert info.value.headline.startswith(f"rank 1 failed: {type(exc).__name__}")
+
+
+def test_cli_serial_and_two_ranks_share_one_setup_path(tmp_path):
+    """Serial and --nprocs runs go through gnnpar.rank.run_rank: same log fields."""
+    import json
+    from gnnpar.train import main
+    for extra, name in (([], "serial"), (["--algo", "1d", "--nprocs", "2"], "dist")):
+        log = tmp_path / f"{name}.jsonl"
+        assert main(["--epochs", "2", "--dropout", "0", "--quiet", "--log-json", str(log),
+                     *extra]) == 0
+        recs = [json.loads(line) for line in open(log)]
+        assert recs[-1]["final"] and {"loss", "comm_bytes", "peak_mem_bytes"} <= set(recs[0])
+    a = json.loads(open(tmp_path / "serial.jsonl").readlines()[-1])
+    b = json.loads(open(tmp_path / "dist.jsonl").readlines()[-1])
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert a["algo"] == "serial" and b["algo"] == "1d" and b["world_size"] == 2
