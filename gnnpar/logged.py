@@ -34,13 +34,13 @@ def diverged_epoch(history: List[dict]) -> Optional[int]:
     return None
 
 
-def save_weights(path: str, model, args, shapes: Dict[str, int]) -> None:
+def save_weights(path: str, model, spec, shapes: Dict[str, int]) -> None:
     """Weights plus what rebuilding the model needs (``torch.load(weights_only=True)`` safe).
     A file is replaced atomically (written beside it, then renamed), so a failed save leaves
     the previous one whole."""
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
-    payload = {"state_dict": weights, "model": args.model, "layers": args.layers,
-               "hidden": args.hidden, **shapes}
+    payload = {"state_dict": weights, "model": spec.model, "layers": spec.layers,
+               "hidden": spec.hidden, **shapes}
     if os.path.exists(path) and not os.path.isfile(path):  # a device such as /dev/null
         torch.save(payload, path)
         return
@@ -82,7 +82,7 @@ class EpochProfiler:
         return path
 
 
-def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: str,
+def train_logged(fit_fn: Callable, model, spec, fields: dict, lead: bool, desc: str,
                  shapes: Dict[str, int], extra_final: Optional[Callable] = None,
                  ckpt=None) -> dict:
     """Run ``fit_fn(on_epoch, start_epoch)`` (returns the epoch records) with logging; returns
@@ -96,26 +96,26 @@ def train_logged(fit_fn: Callable, model, args, fields: dict, lead: bool, desc: 
     that epoch, whose record is logged but neither checkpointed nor saved (``--save-model``);
     the final record then has ``diverged_epoch`` (the CLI exits with ``EXIT_DIVERGED``)."""
     try:
-        return _train(fit_fn, model, args, fields, lead, desc, shapes, extra_final, ckpt)
+        return _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt)
     finally:
         if ckpt is not None:  # a SIGTERM handler and the folder lock end with the training
             ckpt.close()
 
 
-def _train(fit_fn, model, args, fields, lead, desc, shapes, extra_final, ckpt) -> dict:
+def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -> dict:
     start = ckpt.restore() if ckpt is not None else 0
-    if start >= args.epochs > 0:  # the log already holds this run's end: leave it as it is
-        raise InputError(f"--resume: the checkpoints in {args.checkpoint_dir} reach epoch "
-                         f"{start - 1}, the last of --epochs {args.epochs}: nothing to train "
+    if start >= spec.epochs > 0:  # the log already holds this run's end: leave it as it is
+        raise InputError(f"--resume: the checkpoints in {spec.checkpoint_dir} reach epoch "
+                         f"{start - 1}, the last of --epochs {spec.epochs}: nothing to train "
                          "(raise --epochs to continue)")
-    log = JsonLog(args.log_json if lead else None, resume_epoch=start if start > 0 else None)
-    bar = progress(args.epochs - start, desc, lead and not args.quiet)
-    prof = EpochProfiler(getattr(args, "profile", None), getattr(args, "profile_dir", "."))
+    log = JsonLog(spec.log_json if lead else None, resume_epoch=start if start > 0 else None)
+    bar = progress(spec.epochs - start, desc, lead and not spec.quiet)
+    prof = EpochProfiler(getattr(spec, "profile", None), getattr(spec, "profile_dir", "."))
     prof.maybe_start(start)
 
     def on_epoch(rec):
         trace = prof.maybe_stop(rec["epoch"])
-        if trace and lead and not args.quiet:
+        if trace and lead and not spec.quiet:
             print(f"profile of epoch {rec['epoch']} written to {trace}", file=sys.stderr)
         prof.maybe_start(rec["epoch"] + 1)
         log.write({**rec, **fields})
@@ -135,6 +135,6 @@ def _train(fit_fn, model, args, fields, lead, desc, shapes, extra_final, ckpt) -
         final["diverged_epoch"] = diverged
     log.write(final)
     log.close()
-    if lead and args.save_model and diverged is None:
-        save_weights(args.save_model, model, args, shapes)
+    if lead and spec.save_model and diverged is None:
+        save_weights(spec.save_model, model, spec, shapes)
     return final

@@ -54,13 +54,13 @@ class Checkpointing:
     SIGTERM; inactive without a dir. All ranks construct it at the same point (it agrees
     with the other ranks on whether the folder may be used)."""
 
-    def __init__(self, args, rank: int, meta: dict, model, opt, quiet: bool = True):
-        self.base = args.checkpoint_dir or None
+    def __init__(self, spec, rank: int, meta: dict, model, opt, quiet: bool = True):
+        self.base = spec.checkpoint_dir or None
         self.dir = rank_dir(self.base, rank) if self.base else None
         self.rank = rank
-        self.every, self.keep = args.checkpoint_every, args.checkpoint_keep
-        self.resume, self.meta = args.resume, json.loads(json.dumps(dict(meta)))
-        self.last_epoch = int(args.epochs) - 1
+        self.every, self.keep = spec.checkpoint_every, spec.checkpoint_keep
+        self.resume, self.meta = spec.resume, json.loads(json.dumps(dict(meta)))
+        self.last_epoch = int(spec.epochs) - 1
         self.model, self.opt, self.quiet = model, opt, quiet
         self.epoch = -1
         self.sigterm = None
@@ -290,22 +290,22 @@ def _rank_dirs(base: str):
                   if re.fullmatch(r"rank-\d{5,}", e) and os.path.isdir(os.path.join(base, e)))
 
 
-def run_meta(args, world: int, grid, fingerprint: Optional[str]) -> dict:
+def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
     """The run identity: what a checkpoint folder and each checkpoint must match to be
     resumed by this run (JSON values)."""
-    mode = getattr(args, "mode", "fullbatch") or "fullbatch"
-    meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": args.algo,
-            "mode": mode, "model": args.model, "layers": int(args.layers),
-            "hidden": int(args.hidden), "dropout": float(args.dropout),
-            "fingerprint": fingerprint, "seed": int(args.seed), "lr": float(args.lr),
-            "weight_decay": float(args.weight_decay),
-            "variant": getattr(args, "variant", None),
-            "replication": getattr(args, "replication", None)}
+    mode = getattr(spec, "mode", "fullbatch") or "fullbatch"
+    meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": spec.algo,
+            "mode": mode, "model": spec.model, "layers": int(spec.layers),
+            "hidden": int(spec.hidden), "dropout": float(spec.dropout),
+            "fingerprint": fingerprint, "seed": int(spec.seed), "lr": float(spec.lr),
+            "weight_decay": float(spec.weight_decay),
+            "variant": getattr(spec, "variant", None),
+            "replication": getattr(spec, "replication", None)}
     if mode == "minibatch":
-        macro = getattr(args, "macrobatch", None)
-        meta.update({"fanouts": list(parse_fanouts(args.fanouts)),
-                     "batch_size": int(args.batch_size),
+        macro = getattr(spec, "macrobatch", None)
+        meta.update({"fanouts": list(parse_fanouts(spec.fanouts)),
+                     "batch_size": int(spec.batch_size),
                      "macrobatch": 1 if macro is None else int(macro),
-                     "group_size": getattr(args, "group_size", None),
-                     "replace": bool(getattr(args, "replace", False))})
+                     "group_size": getattr(spec, "group_size", None),
+                     "replace": bool(getattr(spec, "replace", False))})
     return meta
