@@ -40,13 +40,18 @@ class Reducer:
     is None or the axes hold one rank.
 
     ``sum``/``max``: small metric tensors, sent as control traffic (not counted: they are not
-    the algorithm's). ``sync_grads``: every parameter's gradient summed over the axes in one
-    flat all-reduce, phase ``grad_sync`` (counted); a parameter a step gave no gradient
-    contributes zeros, so every rank reduces the same number of elements.
+    the algorithm's). ``sync_grads``: the parameters' gradients summed over the axes in one
+    flat all-reduce, phase ``grad_sync`` (counted). ``missing="zeros"`` (mini batch, where a
+    step may leave a parameter without a gradient on one rank only): such a parameter
+    contributes zeros, so every rank reduces the same elements; ``missing="skip"`` (full
+    batch, where every rank's gradients cover the same parameters): it is left out and keeps
+    no gradient, as in a serial run.
     """
 
-    def __init__(self, comm: Optional[Comm] = None, axes=()):
-        self.comm, self.axes = comm, axes
+    def __init__(self, comm: Optional[Comm] = None, axes=(), missing: str = "zeros"):
+        if missing not in ("zeros", "skip"):
+            raise ValueError(f"missing must be 'zeros' or 'skip', got {missing!r}")
+        self.comm, self.axes, self.missing = comm, axes, missing
         self.world = 1 if comm is None else len(comm.grid.ranks_of(axes))
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -61,7 +66,9 @@ class Reducer:
     def sync_grads(self, params) -> None:
         if self.world == 1:
             return
-        params = list(params)
+        params = [p for p in params if p.grad is not None or self.missing == "zeros"]
+        if not params:
+            return
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in params])
         with self.comm.in_phase("grad_sync"):

@@ -84,7 +84,8 @@ def choose_algorithm(spec: RunSpec, world: int):
     chosen = spec.evolve(
         algo=best["algo"], grid=best["grid"] if "grid" in reads else None,
         replication=best["replication"] if "replication" in reads else None,
-        variant=best["variant"] if "variant" in reads else None)
+        # recorded in the run identity as it always was (1d/1d-halo name their data movement)
+        variant=best["variant"] if best["variant"] in ("halo", "bcast") else None)
     if not spec.quiet:
         print(f"--algo auto chose {chosen.algo} grid {best['grid']} ({best['variant']}): "
               f"modelled {best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank",

@@ -127,5 +127,6 @@ def _minibatch(spec, rank, world, data, model, device, watchdog) -> Training:
                                                         start, opt),
         fields, f"minibatch x{world}", [world],
         extra_final=lambda history: {**final_sampling(history), **info},
-        # the device sampler draws other blocks than the host's (hash draws)
-        identity={"sample_on": info["sample_on"]})
+        # the device sampler draws other blocks than the host's (hash draws); host-sampled
+        # runs keep the identity they always had
+        identity={"sample_on": "device"} if info["sample_on"] == "device" else {})

@@ -1,11 +1,11 @@
-"""The bulk sampler in torch ops, on the training device (``--sampler-device device``).
+"""The bulk sampler in torch ops, on the training device (``--sample-on device``).
 
 The same algorithm as :mod:`.bulk` — per layer, the frontiers of a macrobatch's K
 minibatches stacked, kept positions chosen on their degrees (Floyd's algorithm, vectorised),
 one gather of the kept entries, Horvitz–Thompson rescaling, then per minibatch a relabelling
 to block-local ids with destinations first — written on torch tensors so that it runs where
 the model runs: on a GPU nothing of a minibatch crosses the PCIe bus (the topology, the
-blocks and, with ``--feature-placement device``, the features stay on the card). On CPU it
+blocks and, with ``--features-on device``, the features stay on the card). On CPU it
 runs on host tensors (what CI tests).
 
 Given :class:`~gnnpar.sampling.draws.PcgDraws` it returns exactly the blocks of
@@ -36,7 +36,7 @@ class TorchTopology:
 
     def __init__(self, topo, device):
         if not topo.replicated:
-            raise InputError("--sampler-device device needs the replicated sampling structure "
+            raise InputError("--sample-on device needs the replicated sampling structure "
                              "(drop --no-replicate-graph)")
         dev = torch.device(device)
         self.device = dev

@@ -26,12 +26,19 @@ from .neighbor import batch_rng
 _MASK32 = 0xFFFFFFFF
 
 
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x · c mod 2³²`` for x, c < 2³², every partial product below 2⁴⁸ (no int64 overflow,
+    whose wrap-around no device promises)."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _MASK32
+
+
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit avalanche (murmur3's finaliser) on int64 tensors holding values < 2³²."""
     x = x ^ (x >> 16)
-    x = (x * 0x85EBCA6B) & _MASK32
+    x = _mul32(x, 0x85EBCA6B)
     x = x ^ (x >> 13)
-    x = (x * 0xC2B2AE35) & _MASK32
+    x = _mul32(x, 0xC2B2AE35)
     return x ^ (x >> 16)
 
 

@@ -18,10 +18,12 @@ macrobatch, even with nothing to ask for): the all-to-alls are collectives. A sa
 thread uses its own :class:`Comm` over its own process groups, so its fetches never
 interleave with the trainer's gradient all-reduces.
 
-Placement (``--feature-placement``): the rows (own and cached) live on the host, or on the
+Placement (``--features-on``): the rows (own and cached) live on the host, or on the
 training device (:meth:`FeatureStore.to`); on the device the owner map goes there too, so a
 minibatch's rows are gathered by device kernels from ids the device sampler made there, and
-only the ids of remote rows cross to the host (the all-to-all's counts are host values).
+only remote rows cross the host: ids (the all-to-alls' counts are host values) and the rows
+exchanged between ranks, which travel on the group's host route even when NCCL carries the
+trainer's collectives (sampler threads overlap them, which NCCL does not allow).
 
 Shapes: ``x_local`` (n_local, f); ids (U,) sorted distinct global ids; a minibatch's
 features (n_input, f) float32.
@@ -157,12 +159,15 @@ class FeatureStore:
                                           [1] * size, [1] * size, axes).reshape(-1).numpy()
             want = torch.as_tensor(self.local_index[miss[order]].astype(np.int64))
             asked = comm.all_to_all(want, send_counts, recv_counts, axes)
+        # rows go between ranks as host tensors (the gloo route of the group): the sampler
+        # threads exchange them while the trainer runs its own collectives, and NCCL does not
+        # allow operations of several communicators to overlap
+        rows = self.x.index_select(0, asked.to(self.x.device)).cpu()
         with comm.in_phase("features"):
-            got = comm.all_to_all(self.x.index_select(0, asked.to(self.x.device)), recv_counts,
-                                  send_counts, axes)
+            got = comm.all_to_all(rows, recv_counts, send_counts, axes)
         out = torch.empty_like(got)
-        out[self._idx(order)] = got
-        return out
+        out[torch.from_numpy(order)] = got
+        return out.to(self.x.device)
 
 
 def owner_map(shard, comm, axes):

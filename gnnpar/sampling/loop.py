@@ -26,8 +26,8 @@ lookups; evaluation and setup traffic are not counted — plus ``train_s`` (step
 macrobatches of their union), ``feat_bytes`` (feature rows moved between ranks),
 ``cache_hit_rate`` (remote input rows served by the cache / remote input rows), and, as the
 maximum over ranks, ``sampler_s`` (producer time) and ``stall_s`` (time the trainer waited
-for its next minibatch: on a GPU an upper bound of the device's wait for input, since the
-trainer queues work ahead of the device), with ``stall_share`` = ``stall_s / epoch_s``.
+for a ready macrobatch — the host's wait: on a GPU the compute stream's own wait for a batch's
+copies, a device-side event wait, is not in it), with ``stall_share`` = ``stall_s / epoch_s``.
 
 Evaluation is **full-neighbourhood layer-wise inference**: one forward pass of the whole
 graph with the exact Â (serial SpMM, or the 1D halo-exchange SpMM over the shards), layer by

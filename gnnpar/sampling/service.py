@@ -24,7 +24,7 @@ in this process's groups.
 
 On a GPU (``--device cuda``) the same workers feed the device without stopping it: with
 ``sampler="device"`` a macrobatch is sampled by torch kernels on the device
-(:mod:`.device_sampler`); with features on the device (``--feature-placement device``) its
+(:mod:`.device_sampler`); with features on the device (``--features-on device``) its
 rows are gathered there; whatever is made on the host is copied from pinned memory on the
 worker's side stream (:mod:`.staging`), so the next macrobatch's sampling and copies overlap
 the current step. ``inline=True`` is the plain reference: no threads, the trainer produces
@@ -48,7 +48,7 @@ from .device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
 from .draws import DRAWS
 from .neighbor import NeighborSampler, SamplerConfig, batch_rng
 from .seeds import EpochPlan
-from .staging import Stager, take
+from .staging import Stager, concrete_device, take
 
 #: where a macrobatch is sampled: numpy on the host, or torch on the training device
 SAMPLER_SITES = ("host", "device")
@@ -158,7 +158,7 @@ class MacrobatchService:
         if comms is not None and len(comms) != cfg.workers:
             raise ValueError(f"need one communicator per worker: {len(comms)} for {cfg.workers}")
         self.topo, self.store, self.plan, self.cfg = topo, store, plan, cfg
-        self.device = torch.device(cfg.device)
+        self.device = concrete_device(cfg.device)
         if cfg.sampler == "device":
             self.sampler = TorchBulkSampler(TorchTopology(topo, self.device), sampler)
         else:
@@ -231,7 +231,9 @@ class MacrobatchService:
     # ------------------------------------------------------------------ worker side
     def _work(self, w: int, total: int) -> None:
         sh = self._shared
-        relabel, stager = self._relabeler(), Stager(self.device)
+        stager = Stager(self.device)
+        with stager.context():  # its scratch arrays are made on the stream that uses them
+            relabel = self._relabeler()
         comm, axes = self.comms[w] if self.comms is not None else (None, None)
         for t in range(w, total, self.cfg.workers):
             with sh.cond:

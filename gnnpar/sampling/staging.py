@@ -21,13 +21,25 @@ from typing import Optional
 import torch
 
 
+def concrete_device(device) -> torch.device:
+    """``cuda`` as ``cuda:N`` (the current GPU), so that device comparisons are exact."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class Stager:
-    """One worker's side stream and copies (module docstring)."""
+    """One worker's side stream and copies (module docstring). The side stream starts after
+    everything already queued on the default stream (the topology and the worker's scratch
+    arrays made there)."""
 
     def __init__(self, device, side_stream: bool = True):
-        self.device = torch.device(device)
+        self.device = concrete_device(device)
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda and side_stream else None
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.default_stream(self.device))
 
     def context(self):
         """Queue the device work of the enclosed code on this worker's side stream."""
@@ -38,7 +50,7 @@ class Stager:
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` on the training device; a host tensor goes through pinned memory, queued
         on the side stream (call inside :meth:`context`)."""
-        if t.device == self.device or not self.cuda:
+        if not self.cuda or t.device.type == "cuda":
             return t.to(self.device)
         if self.stream is None:
             return t.to(self.device)
@@ -46,7 +58,7 @@ class Stager:
 
     def operator_to_device(self, op):
         """A host :class:`~gnnpar.kernels.local.SparseOperator` moved by :meth:`to_device`."""
-        if not self.cuda or op.A.device == self.device:
+        if not self.cuda or op.A.device.type == "cuda":
             return op
         op.A, op.AT = (_csr_to(m, self.to_device) for m in (op.A, op.AT))
         return op
