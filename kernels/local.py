@@ -14,6 +14,8 @@ import warnings
 import numpy as np
 import torch
 
+from .cpu_spmm import csr_mm
+
 # torch warns once per process that sparse CSR is "beta"; the ops used here are stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -98,11 +100,11 @@ class OutputBuffers:
 
 
 def spmm_into(A: torch.Tensor, h: torch.Tensor, buffers) -> torch.Tensor:
-    """A·h, written into a reused buffer when ``buffers`` is given (CPU), else a new tensor."""
+    """A·h (:func:`~gnnpar.kernels.cpu_spmm.csr_mm`), written into a reused buffer when
+    ``buffers`` is given (CPU), else a new tensor."""
     if buffers is None or h.device.type != "cpu":
-        return torch.sparse.mm(A, h)
-    out = buffers.take(A.shape[0], h)
-    return torch.addmm(out, A, h, beta=0, out=out)
+        return csr_mm(A, h)
+    return csr_mm(A, h, buffers.take(A.shape[0], h))
 
 
 class SparseOperator:

@@ -41,10 +41,12 @@ from .blocks import (compact_plan, coo_to_csr, coords_of, exchange, rank_of, sha
                      world_axes)
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, coll, distinct, partners, per_feature, plan_counts
+from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size, variant_option
 from .local import csr_tensor, transpose_csr
 from .spmm_2d import attach_ownership, ownership
+
 
 class BcastStages:
     """Variant ``bcast``: the holder of each stage block broadcasts it whole over ``row``; the
@@ -128,11 +130,11 @@ class Op15D(DistOperator):
 
     def forward_rows(self, h):
         cols = self.move.gather(self.to_holder(h), h)
-        return self.comm.reduce_scatter(torch.sparse.mm(self.A, cols), "replica", self.r_sizes)
+        return self.comm.reduce_scatter(csr_mm(self.A, cols), "replica", self.r_sizes)
 
     def backward_rows(self, grad):
         g_rows = torch.cat(self.comm.all_gather(grad, "replica", self.r_sizes))
-        d_cols = torch.sparse.mm(self.AT, g_rows)
+        d_cols = csr_mm(self.AT, g_rows)
         return self.from_holder(self.move.reduce(d_cols))
 
 

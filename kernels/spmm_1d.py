@@ -18,6 +18,7 @@ import torch
 
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, coll, per_feature
+from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .local import as_tensor, csr_tensor, transpose_csr
@@ -45,10 +46,10 @@ class Op1D(DistOperator):
 
     def forward_rows(self, h):
         blocks = self.comm.all_gather(h, AXIS, self.sizes)
-        return torch.sparse.mm(self.A, torch.cat(blocks, dim=0))
+        return csr_mm(self.A, torch.cat(blocks, dim=0))
 
     def backward_rows(self, grad):
-        return self.comm.reduce_scatter(torch.sparse.mm(self.AT, grad), AXIS, self.sizes)
+        return self.comm.reduce_scatter(csr_mm(self.AT, grad), AXIS, self.sizes)
 
 
 def row_axis(world: int, dims=None, replication: int = 1) -> dict:

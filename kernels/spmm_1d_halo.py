@@ -11,10 +11,9 @@ Shapes: A_r (n_r, n_r + halo_r); H_r, Z_r (n_r, f).
 """
 from __future__ import annotations
 
-import torch
-
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, distinct, partners, per_feature, plan_counts
+from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
@@ -38,10 +37,10 @@ class Op1DHalo(DistOperator):
                              device)
 
     def forward_rows(self, h):
-        return torch.sparse.mm(self.A, self.plan.gather(self.comm, h, AXIS))
+        return csr_mm(self.A, self.plan.gather(self.comm, h, AXIS))
 
     def backward_rows(self, grad):
-        g_ext = torch.sparse.mm(self.AT, grad)
+        g_ext = csr_mm(self.AT, grad)
         return self.plan.scatter_back(self.comm, g_ext, self.num_src, AXIS)
 
 

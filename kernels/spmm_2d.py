@@ -39,14 +39,16 @@ import torch
 
 from gnnpar.datasets import InputError
 
-from .blocks import (Ownership, compact_plan, coo_to_csr, exchange, rank_of, coords_of,
+from .blocks import (Ownership, compact_plan, coo_to_csr, coords_of, exchange, rank_of,
                      shard_entries, take_owned_rows, world_axes)
 from .comm import Comm
-from .cost_terms import (Cost, LinearCounts, coll, distinct, factorisations, partners,
-                         per_feature, plan_counts)
+from .cost_terms import (Cost, LinearCounts, coll, distinct, factorisations, partners, per_feature,
+                         plan_counts)
+from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_grid, variant_option
 from .local import csr_tensor, transpose_csr
+
 
 class DenseAxis:
     """Variant ``bcast`` on one axis: all-gather the members' rows in, reduce-scatter out.
@@ -121,10 +123,10 @@ class BlockOp(DistOperator):
 
     def forward_rows(self, h):
         """Gather along ``in_axis``, local block product, reduce along ``out_axis``."""
-        return self.out.reduce(torch.sparse.mm(self.A, self.inp.gather(h)))
+        return self.out.reduce(csr_mm(self.A, self.inp.gather(h)))
 
     def backward_rows(self, grad):
-        return self.inp.reduce(torch.sparse.mm(self.AT, self.out.gather(grad)))
+        return self.inp.reduce(csr_mm(self.AT, self.out.gather(grad)))
 
 
 def ownership(shard, comm: Comm, permute: bool, seed: int) -> Ownership:

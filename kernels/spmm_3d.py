@@ -47,6 +47,7 @@ from gnnpar.datasets import InputError
 from .blocks import coo_to_csr, coords_of, exchange, rank_of, shard_entries, world_axes
 from .comm import Comm
 from .cost_terms import F32, Cost, coll, factorisations
+from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_grid, layers_option
 from .local import transpose_csr
@@ -138,7 +139,7 @@ class Op3D(DistOperator):
 
     def forward_rows(self, h):
         hc = torch.cat(self.comm.all_gather(self.split_features(h), self.X, self.xy_sizes_x))
-        y = torch.sparse.mm(self.gather_piece(self.piece, self.R, self.C), hc)
+        y = csr_mm(self.gather_piece(self.piece, self.R, self.C), hc)
         return self.join_features(self.comm.reduce_scatter(y, self.Y, self.xy_sizes_y),
                                   h.shape[1])
 
@@ -154,7 +155,7 @@ class Op3D(DistOperator):
             rows = (self.C, self.row_bounds[z + 1] - self.row_bounds[z])
             t = torch.sparse_csr_tensor(pieces[z], idx[z], val[z], size=rows,
                                         check_invariants=False)
-            part = torch.sparse.mm(t, g_rows[self.row_bounds[z]:self.row_bounds[z + 1]])
+            part = csr_mm(t, g_rows[self.row_bounds[z]:self.row_bounds[z + 1]])
             d = part if d is None else d + part
         d = self.comm.reduce_scatter(d, self.X, self.xy_sizes_x)
         return self.join_features(d, f)

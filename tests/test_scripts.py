@@ -138,3 +138,13 @@ def test_bench_minibatch_runs_on_cpu(tmp_path, sample_on):
     assert s["sample_on"] == sample_on and s["features_on"] == "host"
     assert s["end_to_end_mb_per_s"] > 0 and s["compute_only_mb_per_s"] > 0
     assert 0 <= s["stall_share"] <= 1 and "end-to-end epoch / compute-only" in res.stderr
+
+
+def test_bench_spmm_runs(tmp_path):
+    import sys
+    res = subprocess.run([sys.executable, "scripts/bench_spmm.py", "--dataset",
+                          "rmat:scale=8,ef=4", "--widths", "8", "--repeats", "1"], cwd=ROOT,
+                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    row = json.loads(res.stdout.splitlines()[0])
+    assert row["width"] == 8 and row["gnnpar_s"] > 0 and row["torch_s"] > 0

@@ -1,0 +1,87 @@
+"""The compiled CPU SpMM (kernels/cpu_spmm.py) against torch.sparse.mm: the same numbers on
+random, power-law, empty-row, single-row and empty matrices, forward and backward."""
+import numpy as np
+import pytest
+import torch
+
+from gnnpar.datasets import load_dataset
+from gnnpar.datasets.normalize import propagation_matrix
+from gnnpar.kernels import cpu_spmm
+from gnnpar.kernels.cpu_spmm import csr_mm, row_blocks
+from gnnpar.kernels.local import SparseOperator, csr_tensor
+
+pytestmark = pytest.mark.skipif(not cpu_spmm.available(), reason="numba kernel not available")
+
+
+def _random_csr(n_dst, n_src, density, seed, empty_rows=()):
+    rng = np.random.default_rng(seed)
+    dense = (rng.random((n_dst, n_src)) < density) * rng.standard_normal((n_dst, n_src))
+    dense[list(empty_rows)] = 0
+    m = torch.tensor(dense, dtype=torch.float32).to_sparse_csr()
+    return m
+
+
+def _cases():
+    yield "random", _random_csr(50, 70, 0.1, 0)
+    yield "empty rows", _random_csr(40, 40, 0.2, 1, empty_rows=range(0, 40, 3))
+    yield "single row", _random_csr(1, 30, 0.5, 2)
+    yield "no entries", _random_csr(6, 9, 0.0, 3)
+    yield "no rows", torch.zeros((0, 5)).to_sparse_csr()
+    g = load_dataset("rmat:scale=10,ef=8")  # power law: a few rows hold most entries
+    indptr, indices, values = propagation_matrix(g, "gcn")
+    yield "rmat", csr_tensor(indptr, indices, values, (g.num_nodes, g.num_nodes))
+
+
+@pytest.mark.parametrize("name,A", list(_cases()), ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("f", [1, 7, 64, 130])
+def test_same_numbers_as_torch(name, A, f):
+    h = torch.randn(A.shape[1], f)
+    ref = torch.sparse.mm(A, h) if A.shape[0] else torch.zeros(0, f)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(csr_mm(A, h), ref), (name, threads)
+            out = torch.full_like(ref, 7.0)
+            assert csr_mm(A, h, out) is out and torch.equal(out, ref)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_int32_indices_and_non_contiguous_input():
+    A = _random_csr(30, 20, 0.3, 4)
+    A32 = torch.sparse_csr_tensor(A.crow_indices().int(), A.col_indices().int(), A.values(),
+                                  A.shape)
+    h = torch.randn(8, 20).t()  # (20, 8) view, not contiguous
+    assert torch.equal(csr_mm(A32, h), torch.sparse.mm(A, h.contiguous()))
+
+
+def test_operator_forward_and_backward_match_the_torch_path(monkeypatch):
+    g = load_dataset("rmat:scale=9,ef=4")
+    indptr, indices, values = propagation_matrix(g, "mean")  # not symmetric
+    n = g.num_nodes
+    grads = []
+    for env in ("numba", "torch"):
+        monkeypatch.setenv(cpu_spmm.ENV, env)
+        op = SparseOperator(indptr, indices, values, (n, n))
+        h = torch.randn(n, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        (op(op(h)) ** 2).sum().backward()
+        grads.append((op(h.detach()), h.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_fallbacks_keep_working(monkeypatch):
+    A = _random_csr(10, 10, 0.3, 5)
+    h64 = torch.randn(10, 3, dtype=torch.float64)
+    assert torch.allclose(csr_mm(A.to(torch.float64), h64), torch.sparse.mm(A.double(), h64))
+    monkeypatch.setenv(cpu_spmm.ENV, "torch")
+    assert not cpu_spmm.available()
+
+
+def test_row_blocks_balance_non_zeros():
+    indptr = np.concatenate([[0], np.cumsum([1000] + [1] * 999)])  # one heavy row first
+    b = row_blocks(indptr, 8)
+    assert b[0] == 0 and b[-1] == 1000 and np.all(np.diff(b) > 0)
+    per = np.diff(indptr[b])
+    assert per.max() <= 1000 and len(b) >= 3  # the heavy row alone, the rest split
+    assert row_blocks(np.zeros(1, np.int64), 4).tolist() == [0, 0]
