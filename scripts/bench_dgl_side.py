@@ -1,0 +1,150 @@
+"""DGL side of scripts/bench_dgl.py: runs in the side venv (torch 2.2.1 + dgl 2.1.0), never in
+gnnpar's. Not meant to be run by hand:
+
+    /tmp/gnnpar-dgl-venv/bin/python scripts/bench_dgl_side.py GRAPH.npz
+
+GRAPH.npz (written by bench_dgl.py): ``indptr``, ``indices`` (CSR of A, row i aggregates from
+its columns, no self loops), ``x`` (n, f) float32, ``y`` (n,) int64, ``train_mask`` (n,) bool,
+``num_classes``. Reads one JSON request per line on stdin and answers one JSON line on stdout:
+
+    {"measure": "check"}                                   -> Â·x rows to compare with gnnpar
+    {"measure": "step", "threads": 2, "warmup": 2, "steps": 5}   -> {"step_s": median}
+    {"measure": "sample", "threads": 2, "gather": false, "seconds": 3,
+     "fanouts": [15, 10, 5], "batch_size": 1024[, "fused": true]}
+                                                           -> {"mb_s", "edges_per_mb", ...}
+
+``fanouts`` are in DGL's own order (input layer first, as NeighborSampler takes them).
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+import dgl
+from dgl.nn import GraphConv
+
+HIDDEN, LAYERS, DROPOUT, LR, WEIGHT_DECAY = 256, 3, 0.5, 0.01, 5e-4  # gnnpar's defaults
+
+
+def set_threads(n):
+    torch.set_num_threads(n)
+    if hasattr(dgl, "utils") and hasattr(dgl.utils, "set_num_threads"):
+        dgl.utils.set_num_threads(n)  # DGL's own OpenMP pool (sampling kernels)
+
+
+class GCN(torch.nn.Module):
+    """gnnpar's GCN in DGL: dropout before every layer, ReLU between, norm D^-1/2 (A'+I) D^-1/2
+    (DGL's norm="both" scales by the source's out-degree and the destination's in-degree, as
+    gnnpar's column and row sums do)."""
+
+    def __init__(self, f_in, hidden, f_out, layers):
+        super().__init__()
+        widths = [f_in] + [hidden] * (layers - 1) + [f_out]
+        self.layers = torch.nn.ModuleList(GraphConv(a, b, norm="both", allow_zero_in_degree=True)
+                                          for a, b in zip(widths[:-1], widths[1:]))
+
+    def forward(self, g, h):
+        for i, layer in enumerate(self.layers):
+            h = layer(g, F.dropout(h, DROPOUT, self.training))
+            if i < len(self.layers) - 1:
+                h = F.relu(h)
+        return h
+
+
+class Side:
+    def __init__(self, path):
+        d = np.load(path)
+        indptr, indices = d["indptr"], d["indices"]
+        n = indptr.shape[0] - 1
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        # edge col -> row: DGL aggregates over in-edges, gnnpar over a row's columns
+        self.g = dgl.graph((torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(rows)),
+                           num_nodes=n)
+        self.g.create_formats_()
+        self.x = torch.from_numpy(d["x"])
+        self.y = torch.from_numpy(d["y"])
+        self.train = torch.from_numpy(d["train_mask"])
+        self.train_ids = torch.nonzero(self.train).flatten()
+        self.num_classes = int(d["num_classes"])
+        self._gcn = None
+
+    def gcn_graph(self):
+        if self._gcn is None:  # A' + I: loops replaced by weight-1 ones, as gnnpar's gcn kind
+            self._gcn = dgl.add_self_loop(dgl.remove_self_loop(self.g))
+            self._gcn.create_formats_()
+        return self._gcn
+
+    def check(self, req):
+        """First rows of D^-1/2 (A'+I) D^-1/2 · x, DGL's way (to match against gnnpar's op)."""
+        conv = GraphConv(self.x.shape[1], self.x.shape[1], norm="both", weight=False, bias=False)
+        with torch.no_grad():
+            out = conv(self.gcn_graph(), self.x)
+        k = int(req.get("rows", 8))
+        return {"rows": out[:k].tolist(), "num_edges_gcn": int(self.gcn_graph().num_edges())}
+
+    def step(self, req):
+        g = self.gcn_graph()
+        torch.manual_seed(0)
+        model = GCN(self.x.shape[1], HIDDEN, self.num_classes, LAYERS)
+        opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        count = float(self.train.sum())
+        times = []
+        for i in range(req["warmup"] + req["steps"]):
+            t0 = time.perf_counter()
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            out = model(g, self.x)
+            loss = F.cross_entropy(out[self.train], self.y[self.train], reduction="sum")
+            (loss / count).backward()
+            opt.step()
+            if i >= req["warmup"]:
+                times.append(time.perf_counter() - t0)
+        return {"step_s": statistics.median(times), "steps_s": times}
+
+    def sample(self, req):
+        # fused=True is DGL's default (its fused kernel when it has > 1 OpenMP thread)
+        sampler = dgl.dataloading.NeighborSampler(list(req["fanouts"]),
+                                                  fused=req.get("fused", True))
+        loader = dgl.dataloading.DataLoader(self.g, self.train_ids, sampler,
+                                            batch_size=req["batch_size"], shuffle=True,
+                                            drop_last=True, num_workers=0)
+        gather = req["gather"]
+
+        def one_pass(stop_at):
+            mbs = edges = inputs = 0
+            while True:
+                for input_nodes, _, blocks in loader:
+                    if gather:
+                        torch.index_select(self.x, 0, input_nodes)
+                    mbs += 1
+                    edges += sum(b.num_edges() for b in blocks)
+                    inputs += int(input_nodes.shape[0])
+                    if time.perf_counter() >= stop_at:
+                        return mbs, edges, inputs
+
+        one_pass(0.0)  # warm-up: one minibatch
+        t0 = time.perf_counter()
+        mbs, edges, inputs = one_pass(t0 + req["seconds"])
+        dt = time.perf_counter() - t0
+        return {"mb_s": mbs / dt, "edges_per_mb": edges / mbs, "inputs_per_mb": inputs / mbs}
+
+
+def main():
+    side = Side(sys.argv[1])
+    print(json.dumps({"ready": True, "dgl": dgl.__version__, "torch": torch.__version__,
+                      "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        set_threads(int(req.get("threads", 1)))
+        out = getattr(side, req["measure"])(req)
+        out["threads"] = torch.get_num_threads()
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
