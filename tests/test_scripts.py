@@ -148,3 +148,18 @@ def test_bench_spmm_runs(tmp_path):
     assert res.returncode == 0, res.stderr
     row = json.loads(res.stdout.splitlines()[0])
     assert row["width"] == 8 and row["gnnpar_s"] > 0 and row["torch_s"] > 0
+
+
+def test_bench_dgl_dry_run_needs_no_dgl(tmp_path):
+    """DGL is never a dependency: the driver plans its rounds without the side venv, and
+    refuses to measure (exit 2, naming the setup command) when the venv is missing."""
+    import sys
+    base = [sys.executable, "scripts/bench_dgl.py", "--venv", str(tmp_path / "none")]
+    dry = subprocess.run(base + ["--dry-run", "--rounds", "1"], cwd=ROOT, capture_output=True,
+                         text=True, env=clean_env(), timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    assert "full-batch step, scale 16" in dry.stdout + dry.stderr
+    real = subprocess.run(base + ["--rounds", "1", "--measures", "step", "--scales", "8"],
+                          cwd=ROOT, capture_output=True, text=True, env=clean_env(),
+                          timeout=120)
+    assert real.returncode == 2 and "bench_dgl.sh --setup" in real.stderr
