@@ -99,15 +99,15 @@ def _fullbatch(spec, rank, world, data, model, device, watchdog) -> Training:
         runtime = SerialRuntime(data, model.norm, device)
         fields, desc, grid = {"algo": "serial", "world_size": 1, "grid": [1]}, "train", [1]
     else:
-        shape = spec.grid_shape(world)
-        grid = algorithm(spec.algo).make_grid(world, spec.grid_dims, spec.replication or 1)
-        runtime = DistRuntime(grid, data, spec.algo, model.norm, device,
-                              **algorithm(spec.algo).options(spec))
+        entry = algorithm(spec.algo)
+        grid = list(spec.grid_shape(world).values())
+        process_grid = entry.make_grid(world, spec.grid_dims, spec.replication or 1)
+        runtime = DistRuntime(process_grid, data, spec.algo, model.norm, device,
+                              **entry.options(spec))
         if watchdog is not None:
             runtime.comm.on_phase = watchdog.set_phase
-        sizes = list(shape.values())
-        fields = {"algo": spec.algo, "world_size": world, "grid": sizes}
-        desc, grid = f"train[{spec.algo} x{world}]", sizes
+        fields = {"algo": spec.algo, "world_size": world, "grid": grid}
+        desc = f"train[{spec.algo} x{world}]"
     return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
                                                           start, opt), fields, desc, grid)
 
