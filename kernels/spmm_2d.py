@@ -16,9 +16,12 @@ Forward   H_{C_j} = all-gather of the owned H rows over axis ``row``;
 Backward  G_{R_i} = all-gather of G over ``col``; dH_{C_j} = Â_ijᵀ · G_{R_i};
           dH_mine = reduce-scatter over ``row``.
 
-Â never moves after setup (unlike SUMMA, which broadcasts A blocks each stage: for GNNs m ≫ n
-makes moving H the cheaper choice). With METIS parts most non-zeros are inside a part, which
-lands them on the diagonal-like block of their own rank.
+Â never moves after setup (unlike SUMMA, which broadcasts A blocks each stage). Moving H
+instead is the cheaper choice only while the feature rows cost less than the non-zeros: per
+SpMM this moves about n·f words of H and partial outputs, SUMMA about m·(1 + index) words of
+Â; with wide features (n = 1M, m = 32M, f = 256: ~1 GB of rows against ~384 MB of Â) moving
+Â would be cheaper. With METIS parts most non-zeros are inside a part, which lands them on the
+diagonal-like block of their own rank.
 
 Variants (``variant=``):
 
