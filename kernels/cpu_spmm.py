@@ -10,8 +10,10 @@ entries with the output row held in cache and no per-call setup (measured in
 ``scripts/bench_spmm.py``).
 
 :func:`csr_mm` is the one entry every local product uses (:mod:`gnnpar.kernels.local` and
-each distributed kernel's local part); it falls back to ``torch.sparse.mm`` off the CPU, for
-dtypes other than float32, without numba, or with ``GNNPAR_SPMM=torch`` in the environment.
+each distributed kernel's local part). On CUDA it uses ``torch.sparse.mm`` (cuSPARSE), or the
+Triton kernel of :mod:`gnnpar.kernels.triton_spmm` with ``GNNPAR_SPMM_GPU=triton``; on the
+CPU this kernel, falling back to ``torch.sparse.mm`` for dtypes other than float32, without
+numba, or with ``GNNPAR_SPMM=torch`` in the environment.
 Calls are serialised by a lock: numba's default thread pool must not be entered by two
 threads at once (the sampler threads never multiply, but a user's might).
 
@@ -20,6 +22,8 @@ float32, H (n_src, f) → Z (n_dst, f).
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import threading
 from typing import Optional
@@ -27,18 +31,22 @@ from typing import Optional
 import numpy as np
 import torch
 
-try:  # a dependency (setup.cfg); the fallback keeps a broken or missing install working
-    import numba
-    from numba import njit, prange
-except ImportError:  # pragma: no cover - exercised only where numba is absent
-    numba = None
+from . import triton_spmm
 
 #: blocks per thread: enough to even out rows of unequal cost, few enough to stay cheap
 BLOCKS_PER_THREAD = 8
 ENV = "GNNPAR_SPMM"
 _LOCK = threading.Lock()
 
-if numba is not None:
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    """``(numba, kernel)``, made on first use: importing numba takes most of a second, which
+    no process that never multiplies on a CPU (a launcher, ``--help``) should pay; the machine
+    code itself is cached on disk (``cache=True``)."""
+    import numba
+    from numba import njit, prange
+
     @njit(parallel=True, cache=True, nogil=True)
     def _spmm_blocks(indptr, indices, values, h, out, bounds):  # pragma: no cover - compiled
         f = h.shape[1]
@@ -52,11 +60,14 @@ if numba is not None:
                     row = h[indices[e]]
                     for j in range(f):
                         acc[j] += v * row[j]
+    return numba, _spmm_blocks
 
 
 def available() -> bool:
-    """Whether the compiled kernel serves CPU products here."""
-    return numba is not None and os.environ.get(ENV, "numba") != "torch"
+    """Whether the compiled kernel serves CPU products here (numba is a dependency; the
+    fallback keeps a broken or missing install working)."""
+    return (os.environ.get(ENV, "numba") != "torch"
+            and importlib.util.find_spec("numba") is not None)
 
 
 def row_blocks(indptr: np.ndarray, parts: int) -> np.ndarray:
@@ -80,6 +91,8 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
            ) -> torch.Tensor:
     """``A @ h`` for a CSR tensor A (into ``out`` when given, same shape and dtype). No
     autograd: the callers are autograd Functions that give the backward themselves."""
+    if triton_spmm.selected(h) and A.layout == torch.sparse_csr:
+        return triton_spmm.csr_mm(A, h, out)
     if not _usable(A, h):
         if out is None:
             return torch.sparse.mm(A, h)
@@ -91,10 +104,11 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
     if n_dst == 0 or f == 0:
         return out.zero_()
     indptr = A.crow_indices().numpy()
+    numba, kernel = _compiled()
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
     bounds = row_blocks(indptr, threads * BLOCKS_PER_THREAD)
     with _LOCK:
         numba.set_num_threads(threads)
-        _spmm_blocks(indptr, A.col_indices().numpy(), A.values().detach().numpy(), h.numpy(),
+        kernel(indptr, A.col_indices().numpy(), A.values().detach().numpy(), h.numpy(),
                      out.detach().numpy(), bounds)
     return out

@@ -3,6 +3,8 @@
 NCCL refuses two ranks on one GPU, so multi-rank CUDA runs use gloo with CUDA tensors and
 NCCL runs at world size 1 (and at 2+ where there are that many GPUs).
 """
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -114,3 +116,30 @@ def test_minibatch_pipeline_on_cuda_matches_the_plain_run(sampler, features_on_d
                                 features_on_device)
     np.testing.assert_allclose(piped, plain, rtol=1e-5)
     assert all(0 <= r["stall_share"] <= 1 for r in hist)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_triton_spmm_on_cuda_matches_cusparse(monkeypatch):
+    """The Triton kernel on the GPU: forward and backward through SparseOperator, fp32 (to
+    1e-5) and bf16 features (fp32 sums)."""
+    from gnnpar.datasets import load_dataset
+    from gnnpar.datasets.normalize import propagation_matrix
+    from gnnpar.kernels import triton_spmm
+    from gnnpar.kernels.local import SparseOperator
+    g = load_dataset("rmat:scale=12,ef=8")
+    ip, ix, v = propagation_matrix(g, "mean")
+    n = g.num_nodes
+    grads = {}
+    for mode in ("triton", "cusparse"):
+        monkeypatch.setenv(triton_spmm.ENV, mode)
+        op = SparseOperator(ip, ix, v, (n, n), "cuda")
+        h = torch.randn(n, 96, device="cuda", generator=torch.Generator("cuda").manual_seed(0),
+                        requires_grad=True)
+        (op(op(h)) ** 2).sum().backward()
+        grads[mode] = (op(h.detach()), h.grad)
+    for a, b in zip(grads["triton"], grads["cusparse"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    A = SparseOperator(ip, ix, v, (n, n), "cuda").A
+    hb = torch.randn(n, 128, device="cuda").to(torch.bfloat16)
+    torch.testing.assert_close(triton_spmm.csr_mm(A, hb).float(), (A @ hb.float()),
+                               rtol=2e-2, atol=2e-2)

@@ -85,7 +85,8 @@ def test_rows_cover_every_mode(cuda_rows):
     assert "--device cuda" in rows["bench-minibatch"]["cmd"]
     # only world size 1 runs NCCL (NCCL refuses two ranks on one GPU)
     assert {r["world"] for r in rows.values() if r["backend"] == "nccl"} == {"1"}
-    assert len([r for r in rows.values() if r["argv"]]) == 1 + 1 + 12 + 12 + 4 + 2
+    assert len([r for r in rows.values() if r["argv"]]) == 1 + 1 + 12 + 12 + 4 + 3
+    assert "--device cuda" in rows["bench-spmm"]["cmd"]
 
 
 @pytest.mark.parametrize("how", [("--cpu",), {"GPU_CHECK_DEVICE": "cpu"}])

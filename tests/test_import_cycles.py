@@ -109,9 +109,10 @@ def test_no_import_cycles():
 
 #: third-party modules imported where they are used: optional extras (mpi4py, kaminpar, dgl)
 #: or heavy ones most runs never touch (plotting, PyG interop, scipy's sparse constructors,
-#: METIS, the progress bar), so ``gnnpar-train --help`` and a rank's start stay fast
+#: METIS, the progress bar, the kernel compilers numba and Triton), so ``gnnpar-train --help``
+#: and a rank's start stay fast
 LOCAL_OK = ("mpi4py", "kaminpar", "dgl", "matplotlib", "torch_geometric", "scipy", "pymetis",
-            "tqdm", "ctypes", "torch")
+            "tqdm", "ctypes", "torch", "numba", "triton")
 
 
 def test_function_local_imports_only_for_optional_or_heavy_dependencies():

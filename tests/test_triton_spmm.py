@@ -1,0 +1,62 @@
+"""The Triton SpMM (kernels/triton_spmm.py) against torch.sparse.mm, run on CPU tensors by
+Triton's interpreter (TRITON_INTERPRET=1, in a child process: the interpreter is chosen when
+the kernel is defined). Skipped where Triton is not installed."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .cli_util import ROOT
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="Triton is not installed")
+
+CHECK = r'''
+import torch
+from gnnpar.datasets import load_dataset
+from gnnpar.datasets.normalize import propagation_matrix
+from gnnpar.kernels import triton_spmm
+from gnnpar.kernels.local import csr_tensor, transpose_csr
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    for n, m, d, empty in ((50, 70, 0.1, ()), (40, 40, 0.2, range(0, 40, 3)), (1, 30, 0.5, ()),
+                           (6, 9, 0.0, ()), (0, 5, 0.0, ())):
+        dense = (torch.rand(n, m, generator=g) < d) * torch.randn(n, m, generator=g)
+        dense[list(empty)] = 0
+        yield dense
+    gr = load_dataset("rmat:scale=8,ef=4")  # power law
+    ip, ix, v = propagation_matrix(gr, "mean")
+    yield csr_tensor(ip, ix, v, (gr.num_nodes, gr.num_nodes)).to_dense()
+
+for dense in cases():
+    A = dense.to_sparse_csr()
+    AT = dense.t().contiguous().to_sparse_csr()  # the backward's product
+    for f in (1, 7, 64, 130):
+        for M, D in ((A, dense), (AT, dense.t())):
+            h = torch.randn(M.shape[1], f)
+            got = triton_spmm.csr_mm(M, h)
+            assert got.shape == (M.shape[0], f)
+            assert torch.allclose(got, D @ h, atol=1e-5, rtol=1e-5), (dense.shape, f)
+            hb = h.to(torch.bfloat16)  # bf16 gathers, fp32 accumulation
+            gb = triton_spmm.csr_mm(M, hb)
+            assert gb.dtype == torch.bfloat16
+            assert torch.allclose(gb.float(), D @ hb.float(), atol=2e-2, rtol=2e-2)
+print("triton kernel ok")
+'''
+
+
+def test_triton_kernel_matches_torch_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0 and "triton kernel ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_cpu_products_never_take_the_triton_path(monkeypatch):
+    import torch
+    from gnnpar.kernels import triton_spmm
+    monkeypatch.setenv(triton_spmm.ENV, "triton")
+    assert not triton_spmm.selected(torch.zeros(2, 2))
