@@ -190,27 +190,27 @@ def _args(**kw):
 
 
 def test_partition_dir_must_hold_the_given_dataset(shards, monkeypatch):
-    from gnnpar import shard_source as dist_train
+    from gnnpar import shard_source
     meta = read_meta(shards)
     assert meta["source"]["spec"] == SPEC
     loads = []
-    real = dist_train.load_graph
+    real = shard_source.load_graph
     monkeypatch.setattr(dist_train, "load_graph", lambda a: loads.append(a.dataset) or real(a))
-    dist_train.check_shards_dataset(_args(), str(shards))                  # no --dataset: as is
-    dist_train.check_shards_dataset(_args(dataset=SPEC), str(shards))      # same: cheap
+    shard_source.check_shards_dataset(_args(), str(shards))                  # no --dataset: as is
+    shard_source.check_shards_dataset(_args(dataset=SPEC), str(shards))      # same: cheap
     # the same graph written differently: keys in another order, defaults spelt out
-    dist_train.check_shards_dataset(_args(dataset="sbm:blocks=3,n=60,p_out=0.02,p_in=0.2,seed=0"),
+    shard_source.check_shards_dataset(_args(dataset="sbm:blocks=3,n=60,p_out=0.02,p_in=0.2,seed=0"),
                                     str(shards))
     assert loads == []                                                     # nothing loaded
     with pytest.raises(InputError, match="holds shards of sbm:n=60"):
-        dist_train.check_shards_dataset(_args(dataset=OTHER), str(shards))
+        shard_source.check_shards_dataset(_args(dataset=OTHER), str(shards))
     with pytest.raises(InputError, match="another graph|holds shards of"):
-        dist_train.check_shards_dataset(_args(dataset=SPEC, directed=True), str(shards))
+        shard_source.check_shards_dataset(_args(dataset=SPEC, directed=True), str(shards))
     meta.pop("source")                                   # shards of an older gnnpar
     (shards / "meta.json").write_text(json.dumps(meta))
-    dist_train.check_shards_dataset(_args(dataset=SPEC), str(shards))      # by fingerprint
+    shard_source.check_shards_dataset(_args(dataset=SPEC), str(shards))      # by fingerprint
     with pytest.raises(InputError, match="fingerprint"):
-        dist_train.check_shards_dataset(_args(dataset=OTHER), str(shards))
+        shard_source.check_shards_dataset(_args(dataset=OTHER), str(shards))
 
 
 def test_train_refuses_shards_of_another_dataset(tmp_path):
@@ -369,7 +369,7 @@ def test_bad_input_nprocs_run_leaves_nothing_in_tmpdir(tmp_path, bad, needle):
 
 def test_prepare_shards_removes_its_temporary_folder_on_any_failure(tmp_path, monkeypatch):
     import tempfile
-    from gnnpar import shard_source as dist_train
+    from gnnpar import shard_source
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def interrupted(*a, **k):
@@ -378,7 +378,7 @@ def test_prepare_shards_removes_its_temporary_folder_on_any_failure(tmp_path, mo
     monkeypatch.setattr("gnnpar.shard_source.write_shards", interrupted)
     args = _args(dataset=SPEC, quiet=True, partitioner="block", seed=0)
     with pytest.raises(KeyboardInterrupt):
-        dist_train.prepare_shards(args, 2)
+        shard_source.prepare_shards(args, 2)
     assert os.listdir(tmp_path) == []
 
 
@@ -386,7 +386,7 @@ def test_temporary_shards_of_a_killed_run_are_removed_by_the_next(tmp_path, monk
     """A SIGKILLed --nprocs parent cannot remove its temporary shards; the next run does (its
     owner file names a process that is gone), and keeps a live process's folder."""
     import tempfile
-    from gnnpar import shard_source as dist_train
+    from gnnpar import shard_source
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     code = ("import os, signal\nfrom gnnpar.scratch import make_scratch_dir\n"
             "os.makedirs(os.path.join(make_scratch_dir('gnnpar-shards-'), 'shards', 'part-00000'))\n"
@@ -397,7 +397,7 @@ def test_temporary_shards_of_a_killed_run_are_removed_by_the_next(tmp_path, monk
     from gnnpar.scratch import make_scratch_dir
     live = os.path.basename(make_scratch_dir("gnnpar-shards-"))
     args = _args(dataset=SPEC, quiet=True, partitioner="block", seed=0)
-    source, temporary = dist_train.prepare_shards(args, 2)
+    source, temporary = shard_source.prepare_shards(args, 2)
     out = source.folder
     assert temporary and os.path.basename(out) == "shards"
     names = set(os.listdir(tmp_path))
