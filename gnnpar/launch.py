@@ -30,7 +30,7 @@ from gnnpar.partitioners.shards import read_meta
 from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
 from .plan_cli import plan
 from .rank import run_rank
-from .shard_source import ShardSource, has_shards, load_graph, prepare_shards
+from .shard_source import ShardSource, check_reorder, has_shards, load_graph, prepare_shards
 from .spawn import SpawnError, spawn
 from .spec import RunSpec
 from .watchdog import EXIT_PREEMPTED, Watchdog
@@ -40,6 +40,7 @@ def launch(spec: RunSpec) -> dict:
     """Run ``spec`` to the end; returns the final record (rank 0's when there are ranks)."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
+    check_reorder(spec)
     if (spec.algo != "serial" or spec.minibatch) and (spec.nprocs or detect_world().launched):
         return run_distributed(spec)
     if spec.algo != "serial":

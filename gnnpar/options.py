@@ -9,6 +9,7 @@ import os
 from gnnpar.datasets import DEFAULT_SPEC, InputError, parse_spec
 from gnnpar.datasets.limits import check_memory
 from gnnpar.datasets.owned import check_writable_folder
+from gnnpar.datasets.reorder import ORDERS
 from gnnpar.kernels.algorithms import ALGORITHMS
 from gnnpar.kernels.entry import LAYOUT_FLAGS
 
@@ -60,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep npz/ogb edges as given instead of symmetrising them")
     d.add_argument("--cache-dir", default=None,
                    help="binary cache folder: a second load of the same spec reads it")
+    d.add_argument("--reorder", default="none", choices=ORDERS,
+                   help="renumber the vertices once at load so neighbours sit near each other "
+                        "in memory (degree: hubs first; rcm: reverse Cuthill-McKee); the same "
+                        "graph, faster sparse products (default none)")
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")

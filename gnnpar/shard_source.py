@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, Graph, InputError, load_dataset
+from gnnpar.datasets.reorder import reorder
 from gnnpar.kernels.comm import control_all_reduce
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shard_build import build_shard
@@ -47,9 +48,19 @@ def has_shards(spec) -> bool:
 
 
 def load_graph(spec) -> Graph:
-    """The whole dataset of ``spec`` (``--dataset``, default a small SBM)."""
-    return load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
-                        cache_dir=spec.cache_dir)
+    """The whole dataset of ``spec`` (``--dataset``, default a small SBM), in the vertex order
+    of ``--reorder`` (:mod:`gnnpar.datasets.reorder`)."""
+    return reorder(load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
+                                cache_dir=spec.cache_dir), getattr(spec, "reorder", "none"))
+
+
+def check_reorder(spec) -> None:
+    """``--reorder`` renumbers the graph before shards are cut: shards that already exist
+    keep the order they were written in."""
+    if getattr(spec, "reorder", "none") != "none" and has_shards(spec):
+        raise InputError(f"--reorder {spec.reorder} applies when the shards are written, but "
+                         f"--partition-dir {spec.partition_dir} already holds shards (in the "
+                         "order they were written); drop --reorder or use a new folder")
 
 
 def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
@@ -131,7 +142,8 @@ def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
         if not source.checked:  # launched: the dataset not compared yet
             _check_shards_on_rank_0(rank, spec, source.folder)
         return load_shard(source.folder, rank, world_size=world)
-    graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed)
+    graph = reorder(load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed),
+                    getattr(spec, "reorder", "none"))
     return build_shard(graph, partition_graph(graph, world,
                                               spec.partitioner or DEFAULT_PARTITIONER,
                                               seed=spec.seed), rank)

@@ -52,7 +52,7 @@ def test_device_sampler_draws_the_host_samplers_blocks(kind, replace, fanouts):
 
 def test_device_sampler_operators_match_host_operators():
     """A device block's operator (transpose built by torch ops) equals the host block's."""
-    graph = random_graph(150, 900, seed=3)
+    graph = random_graph(150, 6, seed=3)
     topo = Topology.from_graph(graph, ("gcn",))
     cfg = SamplerConfig((5, 5), "gcn")
     seeds = [np.arange(20)]
@@ -119,7 +119,7 @@ def test_pipelined_run_trains_on_the_plain_runs_blocks():
     """Plain: host sampler, inline (no threads), host features. Pipelined: the device sampler
     on two worker threads with prefetch, macrobatches of 3, features behind the device
     gather path, staged batches. Same draws (pcg) → bitwise the same losses."""
-    graph = random_graph(300, 2400, seed=1)
+    graph = random_graph(300, 8, seed=1)
     plain, _ = serial_losses(graph, ServiceConfig(macrobatch=1, inline=True, seed=7))
     piped, hist = serial_losses(graph, ServiceConfig(macrobatch=3, workers=2, prefetch=2,
                                                       seed=7, sampler="device", draws="pcg"),
@@ -130,7 +130,7 @@ def test_pipelined_run_trains_on_the_plain_runs_blocks():
 
 def test_hash_draws_pipelined_equals_inline():
     """The device sampler's own draws: threads/prefetch/macrobatch size change nothing."""
-    graph = random_graph(300, 2400, seed=2)
+    graph = random_graph(300, 8, seed=2)
     a, _ = serial_losses(graph, ServiceConfig(inline=True, seed=7, sampler="device"))
     b, _ = serial_losses(graph, ServiceConfig(macrobatch=4, workers=3, prefetch=1, seed=7,
                                                sampler="device"), features_on_device=True)
@@ -140,7 +140,7 @@ def test_hash_draws_pipelined_equals_inline():
 def _dp_body(rank, world, extra):
     from gnnpar.partitioners.shard_build import build_shard
     from gnnpar.sampling.setup import build_rank
-    graph = random_graph(240, 2000, seed=4)
+    graph = random_graph(240, 8, seed=4)
     shard = build_shard(graph, uneven_partition(graph), rank)
     args = cli_args("--fanouts", "4,3", "--batch-size", "24", "--cache-frac", "0.1",
                     "--sample-on", "device", "--quiet", *extra)

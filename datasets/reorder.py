@@ -1,0 +1,69 @@
+"""Vertex orders that put a node's neighbours near each other in memory (``--reorder``).
+
+A sparse product reads the feature row of every neighbour of every row; with the ids of a
+synthetic or crawled graph in random order each read is a cache miss. Renumbering the
+vertices once at load makes those reads local:
+
+- ``degree``: by degree, highest first — the few rows every other row reads (R-MAT's hubs)
+  share a small, hot region;
+- ``rcm``: reverse Cuthill–McKee (scipy) on the symmetrised structure — neighbours get
+  nearby ids, the bandwidth of the matrix shrinks;
+- ``none``: the dataset's own order.
+
+Measured on 2 shared cores (the compiled CPU kernel, R-MAT ids in random order): one Â·H at
+width 256 on ``rmat:scale=17,ef=16`` took 0.66 s in the dataset's order, 0.46 s in degree order
+and 0.45 s in RCM order; a whole 3-layer GCN training step (128 → 256 → 256, the dense layers
+included) 5–8 % less (scale 16: 0.815/0.852 → 0.766/0.782 s; scale 17: 1.675 → 1.587 s). The
+default stays ``none``: a few per cent on the step do not yet justify renumbering every
+user's graph behind their back.
+
+The reordered graph is the same graph: every array is permuted alike, so training is the same
+up to floating-point summation order and which random draws fall on which node. Its
+``meta["vertex_order"]`` maps back: node k of the reordered graph is node
+``vertex_order[k]`` of the dataset (gnnpar reports no per-node results itself; a user's
+predictions on the reordered graph go back with ``out[inverse]``, ``inverse[vertex_order] =
+arange(n)``).
+
+Shapes: ``order`` (n,) int64, a permutation of ``range(n)``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .errors import InputError
+from .graph import Graph
+
+ORDERS = ("none", "degree", "rcm")
+
+
+def vertex_order(graph: Graph, how: str) -> np.ndarray:
+    """New position → dataset id, for order ``how`` (see :data:`ORDERS`)."""
+    n = graph.num_nodes
+    if how == "none":
+        return np.arange(n, dtype=np.int64)
+    if how == "degree":
+        return np.argsort(-graph.degrees(), kind="stable").astype(np.int64)
+    if how == "rcm":
+        import scipy.sparse.csgraph as csgraph
+        return np.asarray(csgraph.reverse_cuthill_mckee(graph.to_scipy().tocsr(),
+                                                        symmetric_mode=False), np.int64)
+    raise InputError(f"--reorder must be one of {', '.join(ORDERS)}, got {how!r}")
+
+
+def reorder(graph: Graph, how: str) -> Graph:
+    """``graph`` with its vertices renumbered in order ``how`` (the same graph for ``none``)."""
+    order = vertex_order(graph, how)
+    if how == "none":
+        return graph
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.shape[0], dtype=np.int64)
+    src, dst = graph.edges()
+    indptr, indices, weight = Graph.csr_from_edges(inverse[src], inverse[dst], graph.num_nodes,
+                                                   graph.edge_weight, dedup=False)
+    take = lambda a: np.ascontiguousarray(np.asarray(a)[order])  # noqa: E731
+    return replace(graph, indptr=indptr, indices=indices, edge_weight=weight,
+                   x=take(graph.x), y=take(graph.y), train_mask=take(graph.train_mask),
+                   val_mask=take(graph.val_mask), test_mask=take(graph.test_mask),
+                   meta={**graph.meta, "vertex_order": order, "reorder": how})
