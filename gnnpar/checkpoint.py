@@ -331,20 +331,31 @@ def agree_on_error(message: Optional[str], group=None) -> Optional[str]:
     """Every rank of ``group`` learns the message of the lowest rank that has one (None when
     no rank has): ranks that refuse a setting together fail with the same words. All ranks
     call it together; two small all-reduces."""
+    agreed = agree_on_failure(None if message is None else (0, message), group)
+    return None if agreed is None else agreed[1]
+
+
+def agree_on_failure(failure, group=None):
+    """Like :func:`agree_on_error` for a typed failure ``(kind, message)`` (``kind`` a small
+    int ≥ 0 the caller defines): every rank learns the lowest failing rank's pair, carried
+    as numbers, never parsed from its text."""
     if not (dist.is_available() and dist.is_initialized()):
-        return message
+        return failure
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    first = int(control_all_reduce(torch.tensor([rank if message is not None else world],
+    first = int(control_all_reduce(torch.tensor([rank if failure is not None else world],
                                                 dtype=torch.int64), "min", group)[0])
     if first >= world:
         return None
-    buf = torch.zeros(_MESSAGE_BYTES, dtype=torch.int32)
+    buf = torch.zeros(_MESSAGE_BYTES + 1, dtype=torch.int32)
     if rank == first:
+        kind, message = failure
         data = (message or "?").encode("utf-8", "replace")[:_MESSAGE_BYTES].replace(b"\0", b" ")
-        buf[:len(data)] = torch.tensor(list(data), dtype=torch.int32)
+        buf[0] = int(kind) + 1  # non-zero: the max over ranks keeps the first rank's
+        buf[1:1 + len(data)] = torch.tensor(list(data), dtype=torch.int32)
     out = control_all_reduce(buf, "max", group).tolist()
-    end = out.index(0) if 0 in out else len(out)
-    return bytes(out[:end]).decode("utf-8", "replace")
+    text = out[1:]
+    end = text.index(0) if 0 in text else len(text)
+    return out[0] - 1, bytes(text[:end]).decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- folder lock

@@ -42,8 +42,8 @@ from gnnpar.datasets.owned import (check_claimable, check_identity, check_writab
 from gnnpar.sampling.neighbor import parse_fanouts
 
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
-                         agree_on_step, capture_rng, file_name, list_steps, load_step, rank_dir,
-                         read_verified, restore_rng, save_checkpoint)
+                         agree_on_failure, agree_on_step, capture_rng, file_name, list_steps,
+                         load_step, rank_dir, read_verified, restore_rng, save_checkpoint)
 from .watchdog import on_sigterm
 
 KIND, WHAT = "checkpoints", "--checkpoint-dir"
@@ -206,24 +206,28 @@ def setup_folder(base: str, rank: int, identity: dict, resume: bool) -> Optional
     return lock
 
 
+_BAD_INPUT, _FAILED = 0, 1  #: kinds of a setup failure the ranks agree on
+
+
 def _agree_setup(failure: Optional[BaseException], lock: Optional[FolderLock]) -> None:
     word = None
     if isinstance(failure, OSError):  # the user's path: cannot be created, locked, listed
         failure = InputError(f"{WHAT}: cannot use it: {failure.strerror or failure}"
                              + (f": {failure.filename}" if failure.filename else ""))
     if failure is not None:
-        word = ("I" if isinstance(failure, InputError) else "E") + \
-            (str(failure) or type(failure).__name__)
-    agreed = agree_on_error(word)
+        word = (_BAD_INPUT if isinstance(failure, InputError) else _FAILED,
+                str(failure) or type(failure).__name__)
+    agreed = agree_on_failure(word)
     if agreed is None:
         return
     if lock is not None:
         lock.release()
     if failure is not None:
         raise failure
-    if agreed.startswith("I"):
-        raise InputError(agreed[1:])
-    raise RuntimeError(f"another rank could not set up {WHAT} {agreed[1:]}")
+    kind, text = agreed
+    if kind == _BAD_INPUT:
+        raise InputError(text)
+    raise RuntimeError(f"another rank could not set up {WHAT} {text}")
 
 
 def _claim_and_lock(base: str, identity: dict) -> FolderLock:

@@ -88,3 +88,16 @@ def test_cli_serial_and_two_ranks_share_one_setup_path(tmp_path):
     b = json.loads(open(tmp_path / "dist.jsonl").readlines()[-1])
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["algo"] == "serial" and b["algo"] == "1d" and b["world_size"] == 2
+
+
+def _agree_body(rank, world):
+    from gnnpar.checkpoint import agree_on_failure
+    mine = {1: (0, "I: looks like a prefix"), 2: (1, "other")}.get(rank)
+    return agree_on_failure(mine), agree_on_failure(None)
+
+
+def test_ranks_agree_on_a_typed_failure_not_on_its_text():
+    """Setup failures agreed across ranks carry their kind as a number: a message that starts
+    like an old text tag is taken as words, the lowest failing rank wins."""
+    for agreed, none in spawn(_agree_body, 3, timeout_s=60):
+        assert agreed == (0, "I: looks like a prefix") and none is None
