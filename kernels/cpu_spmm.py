@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import threading
 from typing import Optional
 
@@ -65,8 +66,11 @@ def _compiled():
 
 def available() -> bool:
     """Whether the compiled kernel serves CPU products here (numba is a dependency; the
-    fallback keeps a broken or missing install working)."""
-    return (os.environ.get(ENV, "numba") != "torch"
+    fallback keeps a broken or missing install working). Not in a process that runs MPI
+    (mpi4py loaded, i.e. launched by ``mpirun``): there the kernel's thread pool and the MPI
+    runtime were seen to abort the process at exit ("terminate called without an active
+    exception", one run in three), so those ranks use ``torch.sparse.mm``."""
+    return (os.environ.get(ENV, "numba") != "torch" and "mpi4py.MPI" not in sys.modules
             and importlib.util.find_spec("numba") is not None)
 
 
