@@ -71,7 +71,13 @@ def available() -> bool:
     runtime were seen to abort the process at exit ("terminate called without an active
     exception", one run in three), so those ranks use ``torch.sparse.mm``."""
     return (os.environ.get(ENV, "numba") != "torch" and "mpi4py.MPI" not in sys.modules
-            and importlib.util.find_spec("numba") is not None)
+            and _numba_installed())
+
+
+@functools.lru_cache(maxsize=None)
+def _numba_installed() -> bool:
+    """Looked up once: :func:`available` runs on every product."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def row_blocks(indptr: np.ndarray, parts: int) -> np.ndarray:

@@ -28,8 +28,10 @@ ENV = "GNNPAR_SPMM_GPU"
 BLOCK_E = 32
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether Triton is installed (it ships with CUDA builds of torch; optional elsewhere)."""
+    """Whether Triton is installed (it ships with CUDA builds of torch; optional elsewhere;
+    looked up once, as :func:`selected` runs on every CUDA product)."""
     return importlib.util.find_spec("triton") is not None
 
 
