@@ -195,30 +195,31 @@ class MacrobatchService:
             t = self._next
             if t // self.per_epoch + self.start_epoch != epoch:
                 raise RuntimeError(f"epoch {epoch} asked for out of order")
-            if self._inline is not None:
-                t0 = time.perf_counter()
-                comm, axes = self.comms[0] if self.comms is not None else (None, None)
-                macro = self.produce(epoch, t % self.per_epoch, *self._inline, comm, axes)
-                self._next = t + 1
-                macro.stats.stall_s = time.perf_counter() - t0
-                stats.add(macro.stats)
-                yield from macro.batches
-                continue
-            sh = self._shared
             t0 = time.perf_counter()
-            with sh.cond:
-                while t not in sh.ready and sh.error is None:
-                    sh.cond.wait()
-                if sh.error is not None:
-                    raise RuntimeError(f"sampler worker failed: {sh.error!r}") from sh.error
-                macro = sh.ready.pop(t)
-                sh.taken = t + 1
-                sh.cond.notify_all()
+            macro = self._inline_macro(epoch, t) if self._inline is not None else self._take(t)
             self._next = t + 1
             macro.stats.stall_s = time.perf_counter() - t0
             stats.add(macro.stats)
             for batch in macro.batches:
-                yield take(batch)
+                yield take(batch)  # an inline batch has no event: nothing to wait for
+
+    def _inline_macro(self, epoch: int, t: int) -> "_Macro":
+        """Task ``t`` produced by the trainer itself (``inline``)."""
+        comm, axes = self.comms[0] if self.comms is not None else (None, None)
+        return self.produce(epoch, t % self.per_epoch, *self._inline, comm, axes)
+
+    def _take(self, t: int) -> "_Macro":
+        """Task ``t`` from the workers, waiting until it is ready."""
+        sh = self._shared
+        with sh.cond:
+            while t not in sh.ready and sh.error is None:
+                sh.cond.wait()
+            if sh.error is not None:
+                raise RuntimeError(f"sampler worker failed: {sh.error!r}") from sh.error
+            macro = sh.ready.pop(t)
+            sh.taken = t + 1
+            sh.cond.notify_all()
+        return macro
 
     def close(self, timeout: float = 5.0) -> None:
         sh = self._shared
