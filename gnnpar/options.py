@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto = cuda when available")
+    t.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: dense layers under autocast and bf16 features into the SpMM "
+                        "(fp32 accumulation, fp32 master weights); default fp32")
     t.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads per rank (default: cores / ranks)")
     o = p.add_argument_group("output")
@@ -103,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--partition-dir", default=None,
                    help="folder of per-rank shards from gnnpar-partition (written there if empty)")
     g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
+    g.add_argument("--comm-dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
+                   help="wire format of the SpMM's feature and gradient exchanges (summed in "
+                        "fp32; the weights' gradient all-reduce stays fp32); default fp32")
     g.add_argument("--variant", default=None, choices=("halo", "bcast"),
                    help="1.5d/2d data movement (default halo: only the rows a block touches)")
     add_model_args(g)
@@ -161,6 +167,9 @@ def check_args(args) -> None:
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError(f"--nprocs > 1 needs a distributed --algo ({', '.join(ALGORITHMS)})")
+    if args.comm_dtype != "fp32" and args.algo == "serial" and (args.nprocs or 1) == 1:
+        raise InputError(f"--comm-dtype {args.comm_dtype} sets the wire format between ranks; "
+                         "a one-process run has none (use a distributed --algo or --nprocs)")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InputError(f"--timeout must be a finite number > 0 seconds, got {args.timeout}")
     if args.profile is not None and not 0 <= args.profile < args.epochs:

@@ -50,6 +50,7 @@ class RunSpec:
     seed: int = 0
     device: str = "cpu"  #: resolved: "cpu", "cuda" or "cuda:N", never "auto"
     threads: Optional[int] = None
+    precision: str = "fp32"
     # output
     log_json: Optional[str] = None
     save_model: Optional[str] = None
@@ -68,6 +69,7 @@ class RunSpec:
     partition_dir: Optional[str] = None
     backend: str = "auto"
     variant: Optional[str] = None
+    comm_dtype: str = "fp32"
     mem_cap: Optional[str] = None
     bandwidth: Optional[float] = None
     latency: Optional[float] = None
