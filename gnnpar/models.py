@@ -10,6 +10,12 @@ The serial runtime passes a :class:`gnnpar.kernels.local.SparseOperator`; the di
 runtimes pass operators that run 1D/1.5D/2D/3D SpMM over a process grid; mini-batch training
 passes one sampled block per layer. The same model code runs on all of them unchanged.
 
+Under ``--precision bf16`` (:mod:`gnnpar.precision`) the forward pass runs in
+:func:`torch.autocast`: the linear layers compute in bf16 and the operators take bf16
+features. The float32 biases are cast to the activations' dtype where they are added
+(``_add_bias``), so the activations stay bf16 from layer to layer instead of being promoted
+back to float32 by an fp32 + bf16 sum; in an fp32 run that cast is the identity.
+
 Which Â a model wants is its ``norm`` attribute (``"gcn"``, ``"mean"`` or ``"sum"``; see
 ``gnnpar.datasets.normalize``).
 
@@ -34,6 +40,11 @@ from torch.nn import functional as F
 from .dropout import dropout
 
 
+def _add_bias(z: torch.Tensor, bias) -> torch.Tensor:
+    """z + bias in z's dtype (bf16 activations stay bf16; the bias itself stays float32)."""
+    return z if bias is None else z + bias.to(z.dtype)
+
+
 class GCNLayer(nn.Module):
     """GCN layer (Kipf & Welling 2017): Z = Â · H · W + b, Â = D̃^{-1/2}(A+I)D̃^{-1/2}.
 
@@ -54,7 +65,7 @@ class GCNLayer(nn.Module):
             z = self.lin(op(h))
         else:
             z = op(self.lin(h))
-        return z if self.bias is None else z + self.bias
+        return _add_bias(z, self.bias)
 
 
 class SAGELayer(nn.Module):
@@ -76,9 +87,7 @@ class SAGELayer(nn.Module):
         if self.lin_neigh.in_features <= self.lin_neigh.out_features:
             neigh = self.lin_neigh(op(h))
         else:
-            neigh = op(h @ self.lin_neigh.weight.t())
-            if self.lin_neigh.bias is not None:
-                neigh = neigh + self.lin_neigh.bias
+            neigh = _add_bias(op(h @ self.lin_neigh.weight.t()), self.lin_neigh.bias)
         return neigh + self.lin_root(h_dst)
 
 

@@ -6,9 +6,9 @@ run, else this rank's shard, :mod:`gnnpar.shard_source`), the model (seeded alik
 rank), the rank's own random stream (dropout differs between ranks), then what the mode adds
 (:class:`Training`: full batch — a :class:`~gnnpar.interfaces.Runtime`; mini batch — the
 sampling service and an engine, :mod:`gnnpar.sampling.setup`), the optimiser, checkpointing
-and the JSON log (:func:`gnnpar.logged.train_logged`). The launcher (:mod:`gnnpar.launch`)
-calls it in-process for a serial run and once per rank otherwise; ``docs/architecture.md``
-follows one step of each mode file by file.
+and the JSON log (:func:`gnnpar.logged.train_logged`; every record names the run's
+``precision``). The launcher (:mod:`gnnpar.launch`) calls it in-process for a serial run and
+once per rank otherwise; ``docs/architecture.md`` follows one step of each mode file by file.
 """
 from __future__ import annotations
 
@@ -74,17 +74,26 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
         torch.manual_seed(spec.seed * 1000003 + rank)  # dropout masks differ between ranks
     build = _minibatch if spec.minibatch else _fullbatch
     training = build(spec, rank, world, data, model, device, watchdog)
-    cfg = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay)
+    cfg = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay,
+                      precision=spec.precision)
     opt = make_optimizer(model, cfg)
     fingerprint = (shard_fingerprint(data, spec) if source is not None else
                    data.fingerprint() if spec.checkpoint_dir else None)
-    meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity}
+    meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity,
+            **_precision_identity(spec)}
     lead = rank == 0
     ckpt = Checkpointing(spec, rank, meta, model, opt, spec.quiet or not lead)
+    fields = {**training.fields, "precision": spec.precision}
     return train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
-                        model, spec, training.fields, lead, training.desc,
+                        model, spec, fields, lead, training.desc,
                         {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
                         ckpt=ckpt)
+
+
+def _precision_identity(spec: RunSpec) -> dict:
+    """A bf16 run's checkpoints name their precision (a resume in the other precision would
+    not continue the same numbers); fp32 runs keep the identity they always had."""
+    return {} if spec.precision == "fp32" else {"precision": spec.precision}
 
 
 def _dims(data: Union[Graph, Shard]):

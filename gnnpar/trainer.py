@@ -7,6 +7,10 @@ A *runtime* (:class:`gnnpar.interfaces.Runtime`) supplies this rank's rows (``op
 
 The loss is the global mean cross-entropy over training nodes: each rank sums its rows' losses
 and divides by the global count, so the summed gradients equal the serial ones exactly.
+
+``TrainConfig.precision`` (``--precision``): the forward passes (training and evaluation) run
+in :func:`gnnpar.precision.autocast` and the loss takes float32 logits
+(:func:`gnnpar.precision.loss_logits`); parameters and optimiser stay float32.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from torch.nn import functional as F
 
 from .interfaces import SPLITS, CommStats, Reducer
 from .memory import peak_memory_bytes
+from .precision import autocast, check, loss_logits
 
 
 @dataclass
@@ -30,12 +35,15 @@ class TrainConfig:
     lr: Adam learning rate (default 0.01).
     weight_decay: Adam L2 penalty (default 5e-4).
     eval_every: evaluate accuracies every k epochs, and always at the last (default 1).
+    precision: ``"fp32"`` or ``"bf16"`` (mixed precision, :mod:`gnnpar.precision`;
+    default fp32).
     """
 
     epochs: int = 100
     lr: float = 0.01
     weight_decay: float = 5e-4
     eval_every: int = 1
+    precision: str = "fp32"
 
     def __post_init__(self):
         if self.epochs < 0:
@@ -44,6 +52,7 @@ class TrainConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+        check(self.precision)
 
 
 class RuntimeCollectives:
@@ -76,14 +85,16 @@ def _counts(logits: torch.Tensor, y: torch.Tensor, masks: Dict[str, torch.Tensor
                        ).to(torch.float64).flatten()
 
 
-def train_step(model, opt, runtime, train_count: float) -> torch.Tensor:
+def train_step(model, opt, runtime, train_count: float, precision: str = "fp32"
+               ) -> torch.Tensor:
     """One forward/backward/step; returns this rank's summed loss (detached, float64)."""
     model.train()
     opt.zero_grad(set_to_none=True)
     runtime.start_pass()
-    out = model(runtime.op, runtime.x)
+    with autocast(precision, runtime.x.device):
+        out = model(runtime.op, runtime.x)
     mask = runtime.masks["train"]
-    loss_sum = F.cross_entropy(out[mask], runtime.y[mask], reduction="sum")
+    loss_sum = F.cross_entropy(loss_logits(out[mask]), runtime.y[mask], reduction="sum")
     (loss_sum / train_count).backward()
     runtime.sync_grads(list(model.parameters()))
     opt.step()
@@ -91,11 +102,13 @@ def train_step(model, opt, runtime, train_count: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model, runtime) -> Dict[str, float]:
+def evaluate(model, runtime, precision: str = "fp32") -> Dict[str, float]:
     """Accuracy on train/val/test over all ranks."""
     model.eval()
     runtime.start_pass()
-    c = runtime.all_reduce_sum(_counts(model(runtime.op, runtime.x), runtime.y, runtime.masks))
+    with autocast(precision, runtime.x.device):
+        out = model(runtime.op, runtime.x)
+    c = runtime.all_reduce_sum(_counts(out, runtime.y, runtime.masks))
     return {f"{s}_acc": float(c[2 * i] / max(c[2 * i + 1], 1)) for i, s in enumerate(SPLITS)}
 
 
@@ -120,10 +133,10 @@ def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], No
     accs = {f"{s}_acc": float("nan") for s in SPLITS}
     for epoch in range(start_epoch, cfg.epochs):
         t0 = time.perf_counter()
-        loss_sum = train_step(model, opt, runtime, train_count)
+        loss_sum = train_step(model, opt, runtime, train_count, cfg.precision)
         loss = float(runtime.all_reduce_sum(loss_sum.reshape(1))[0]) / train_count
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            accs = evaluate(model, runtime)
+            accs = evaluate(model, runtime, cfg.precision)
         sync_device(runtime.x.device)
         epoch_s = time.perf_counter() - t0
         stats = runtime.comm_stats()

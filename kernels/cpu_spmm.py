@@ -14,6 +14,13 @@ each distributed kernel's local part). On CUDA it uses ``torch.sparse.mm`` (cuSP
 Triton kernel of :mod:`gnnpar.kernels.triton_spmm` with ``GNNPAR_SPMM_GPU=triton``; on the
 CPU this kernel, falling back to ``torch.sparse.mm`` for dtypes other than float32, without
 numba, or with ``GNNPAR_SPMM=torch`` in the environment.
+
+Narrow features (bf16 or fp16 H, ``--precision bf16``) with a float32 A are summed in float32
+and the result rounded once to H's dtype, on every path: the Triton kernel gathers them at
+their own width; elsewhere (this kernel, cuSPARSE, ``torch.sparse.mm``) H is widened to a
+float32 copy first and the product of that copy is rounded. So bf16 pays off on GPUs (half
+the gather and exchange traffic); on a CPU the widening costs one extra pass over H and the
+product itself is the float32 one.
 Calls are serialised by a lock: numba's default thread pool must not be entered by two
 threads at once (the sampler threads never multiply, but a user's might).
 
@@ -97,12 +104,20 @@ def _usable(A: torch.Tensor, h: torch.Tensor) -> bool:
             and h.dtype == torch.float32 and h.dim() == 2)
 
 
+#: feature dtypes summed in float32 and returned in their own dtype
+NARROW = (torch.bfloat16, torch.float16)
+
+
 def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
            ) -> torch.Tensor:
-    """``A @ h`` for a CSR tensor A (into ``out`` when given, same shape and dtype). No
-    autograd: the callers are autograd Functions that give the backward themselves."""
+    """``A @ h`` for a CSR tensor A (into ``out`` when given, same shape and dtype as the
+    result), in h's dtype; bf16/fp16 h with float32 A is summed in float32. No autograd: the
+    callers are autograd Functions that give the backward themselves."""
     if triton_spmm.selected(h) and A.layout == torch.sparse_csr:
         return triton_spmm.csr_mm(A, h, out)
+    if h.dtype in NARROW and A.dtype == torch.float32:
+        z = csr_mm(A, h.float())
+        return z.to(h.dtype) if out is None else out.copy_(z)
     if not _usable(A, h):
         if out is None:
             return torch.sparse.mm(A, h)

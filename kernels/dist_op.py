@@ -5,6 +5,10 @@ A distributed operator is called like the serial one, ``op(h)`` → Â·h for *t
 counted in phase ``forward`` (``eval`` when autograd is off), the backward's in ``backward``.
 A builder may also give the operator ``row_ids`` (the global ids of the rows it owns, when
 they differ from the shard's) and ``take_rows(shard, a)``.
+
+Under autocast (``--precision bf16``) the operator takes its features in the autocast dtype
+(:func:`gnnpar.kernels.local.autocast_input`): the exchanges then move bf16 rows, the local
+products sum in float32, and the gradient returns in the dtype of the input.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import torch
 from gnnpar.datasets import InputError
 
 from .comm import Comm
+from .local import autocast_input
 
 
 def shard_values(shard, norm: str) -> np.ndarray:
@@ -25,12 +30,12 @@ def shard_values(shard, norm: str) -> np.ndarray:
 
 
 class RowsSpMM(torch.autograd.Function):
-    """Z = Â·H through the operator's ``forward_rows``; dH through its ``backward_rows``,
-    skipped when H needs no gradient, its traffic counted in phase ``backward``."""
+    """Z = Â·H through the operator's ``forward_rows``; dH through its ``backward_rows``, in
+    H's dtype, skipped when H needs no gradient, its traffic counted in phase ``backward``."""
 
     @staticmethod
     def forward(ctx, h, op):
-        ctx.op = op
+        ctx.op, ctx.dtype = op, h.dtype
         return op.forward_rows(h)
 
     @staticmethod
@@ -38,7 +43,7 @@ class RowsSpMM(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None
         with ctx.op.comm.in_phase("backward"):
-            return ctx.op.backward_rows(grad.contiguous()), None
+            return ctx.op.backward_rows(grad.contiguous()).to(ctx.dtype), None
 
 
 class DistOperator:
@@ -56,7 +61,7 @@ class DistOperator:
                              f"got {h.shape[0]}")
         phase = "forward" if torch.is_grad_enabled() else "eval"
         with self.comm.in_phase(phase):
-            return RowsSpMM.apply(h, self)
+            return RowsSpMM.apply(autocast_input(h), self)
 
     matmul = __call__
 

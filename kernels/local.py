@@ -5,6 +5,12 @@ implicit transpose of a CSR matrix is slow (it is a CSC walk), so :class:`Sparse
 Âᵀ as its own CSR, built once. Nothing here assumes Â is symmetric (SAGE's mean aggregation
 is not, nor is GCN on a directed graph).
 
+Under :func:`torch.autocast` (``--precision bf16``, :mod:`gnnpar.precision`) an operator
+casts float32 features to the autocast dtype before its product (:func:`autocast_input`):
+autocast only rewrites the ops it knows, and a custom product is not one of them. The product
+sums in float32 and returns the features' dtype; gradients come back in the dtype of the
+input the operator was given.
+
 Shapes: ``H`` (n_src, f) → ``Z`` (n_dst, f); backward ``G`` (n_dst, f) → (n_src, f).
 """
 from __future__ import annotations
@@ -18,6 +24,33 @@ from .cpu_spmm import csr_mm
 
 # torch warns once per process that sparse CSR is "beta"; the ops used here are stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def autocast_dtype(device_type: str):
+    """The dtype :func:`torch.autocast` casts matmul inputs to on ``device_type``, or None
+    outside an autocast region."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 asks per device type by name
+        on = (torch.is_autocast_cpu_enabled() if device_type == "cpu"
+              else torch.is_autocast_enabled())
+    if not on:
+        return None
+    try:
+        return torch.get_autocast_dtype(device_type)
+    except AttributeError:  # torch < 2.4
+        return (torch.get_autocast_cpu_dtype() if device_type == "cpu"
+                else torch.get_autocast_gpu_dtype())
+
+
+def autocast_input(h: torch.Tensor) -> torch.Tensor:
+    """The features an SpMM takes: float32 ``h`` cast to the autocast dtype inside an
+    autocast region (bf16 features into the product, a tracked cast, so the gradient flows
+    back as float32), else ``h`` itself."""
+    if h.dtype != torch.float32:
+        return h
+    dtype = autocast_dtype(h.device.type)
+    return h if dtype is None else h.to(dtype)
 
 
 def as_tensor(a, dtype, device=None) -> torch.Tensor:
@@ -139,21 +172,22 @@ class SparseOperator:
             self.bwd_buffers.start_pass()
 
     def matmul(self, h: torch.Tensor) -> torch.Tensor:
-        return LocalSpMM.apply(h, self)
+        return LocalSpMM.apply(autocast_input(h), self)
 
     __call__ = matmul
 
 
 class LocalSpMM(torch.autograd.Function):
-    """Z = Â·H; dH = Âᵀ·G through the stored transpose (skipped when H needs no gradient)."""
+    """Z = Â·H; dH = Âᵀ·G through the stored transpose (skipped when H needs no gradient),
+    in H's dtype."""
 
     @staticmethod
     def forward(ctx, h, op: SparseOperator):
-        ctx.op = op
+        ctx.op, ctx.dtype = op, h.dtype
         return spmm_into(op.A, h.contiguous(), op.fwd_buffers)
 
     @staticmethod
     def backward(ctx, grad):
         if not ctx.needs_input_grad[0]:
             return None, None
-        return spmm_into(ctx.op.AT, grad.contiguous(), ctx.op.bwd_buffers), None
+        return spmm_into(ctx.op.AT, grad.contiguous(), ctx.op.bwd_buffers).to(ctx.dtype), None

@@ -29,6 +29,10 @@ maximum over ranks, ``sampler_s`` (producer time) and ``stall_s`` (time the trai
 for a ready macrobatch — the host's wait: on a GPU the compute stream's own wait for a batch's
 copies, a device-side event wait, is not in it), with ``stall_share`` = ``stall_s / epoch_s``.
 
+``cfg.precision`` bf16: each step's forward pass and the evaluation run under
+:func:`gnnpar.precision.autocast`, the loss from float32 logits (as in the full-batch
+trainer, :mod:`gnnpar.trainer`).
+
 Evaluation is **full-neighbourhood layer-wise inference**: one forward pass of the whole
 graph with the exact Â (serial SpMM, or the 1D halo-exchange SpMM over the shards), layer by
 layer, no sampling and no gradient — the accuracies are those of the full-batch model.
@@ -44,6 +48,7 @@ from torch.nn import functional as F
 
 from gnnpar.interfaces import SPLITS, CommStats, Reducer
 from gnnpar.memory import peak_memory_bytes
+from gnnpar.precision import autocast, loss_logits
 from gnnpar.trainer import TrainConfig, evaluate, make_optimizer, sync_device
 
 from .service import MacrobatchService, SamplingStats
@@ -76,21 +81,24 @@ class DataParallel:
 
 
 def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
-                stats: SamplingStats) -> torch.Tensor:
+                stats: SamplingStats, precision: str = "fp32") -> torch.Tensor:
     """One epoch of steps; returns this rank's summed loss (float64)."""
     model.train()
     plan = service.plan
     loss_sum = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for batch in service.epoch(epoch, stats):
-        loss_sum += train_step(model, opt, engine, batch, plan.global_count(batch.step))
+        loss_sum += train_step(model, opt, engine, batch, plan.global_count(batch.step),
+                               precision)
     return loss_sum
 
 
-def train_step(model, opt, engine, batch, global_count: int) -> torch.Tensor:
+def train_step(model, opt, engine, batch, global_count: int, precision: str = "fp32"
+               ) -> torch.Tensor:
     """One step on a ready minibatch; returns its summed loss (float64, on the device)."""
     opt.zero_grad(set_to_none=True)
-    out = model(engine.operators(batch), batch.x)
-    loss = F.cross_entropy(out, batch.y, reduction="sum")
+    with autocast(precision, batch.x.device):
+        out = model(engine.operators(batch), batch.x)
+    loss = F.cross_entropy(loss_logits(out), batch.y, reduction="sum")
     (loss / max(global_count, 1)).backward()
     engine.sync_grads(model.parameters())
     opt.step()
@@ -113,11 +121,11 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_runtime, cfg: 
         for epoch in range(start_epoch, cfg.epochs):
             t0 = time.perf_counter()
             stats = SamplingStats()
-            loss_sum = train_epoch(model, opt, service, epoch, engine, stats)
+            loss_sum = train_epoch(model, opt, service, epoch, engine, stats, cfg.precision)
             sync_device(next(model.parameters()).device)  # queued GPU work is training time
             train_s = time.perf_counter() - t0
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                accs = evaluate(model, eval_runtime)
+                accs = evaluate(model, eval_runtime, cfg.precision)
             sync_device(next(model.parameters()).device)
             epoch_s = time.perf_counter() - t0
             grad = engine.comm_stats()
