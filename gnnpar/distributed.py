@@ -28,9 +28,10 @@ class DistRuntime(RuntimeCollectives):
     :mod:`gnnpar.kernels.algorithms`).
     """
 
-    def __init__(self, grid: ProcessGrid, shard, algo: str, norm: str, device="cpu", **algo_kw):
+    def __init__(self, grid: ProcessGrid, shard, algo: str, norm: str, device="cpu",
+                 wire_dtype=None, **algo_kw):
         self.grid, self.algo, self.device = grid, algo, torch.device(device)
-        self.comm = Comm(grid)
+        self.comm = Comm(grid, wire_dtype)
         with self.comm.in_phase("setup"):
             self.op = algorithm(algo).build(shard, self.comm, norm, self.device, **algo_kw)
         # a list holds one operator per layer (3d/4d axis rotation); they own the same rows
@@ -49,10 +50,12 @@ class DistRuntime(RuntimeCollectives):
         self.comm.reset()
 
     def comm_stats(self) -> CommStats:
-        """(bytes of all ranks, bytes of the busiest rank, seconds) of forward + backward +
-        gradient sync since the last call; counters are then reset."""
+        """(bytes of all ranks, bytes of the busiest rank, exposed and total seconds of the
+        slowest rank) of forward + backward + gradient sync since the last call; counters are
+        then reset."""
+        total_s = self.comm.total_seconds
         _, per_key, seconds = self.comm.reset()
         mine = sum(b for (axis, phase), b in per_key.items() if phase in EPOCH_PHASES)
-        t = torch.tensor([mine, mine, seconds], dtype=torch.float64)
+        t = torch.tensor([mine, mine, seconds, total_s], dtype=torch.float64)
         tsum, tmax = self.reducer.sum(t), self.reducer.max(t)
-        return CommStats(int(tsum[0]), int(tmax[1]), float(tmax[2]))
+        return CommStats(int(tsum[0]), int(tmax[1]), float(tmax[2]), float(tmax[3]))

@@ -26,13 +26,16 @@ SPLITS = ("train", "val", "test")
 
 
 class CommStats(NamedTuple):
-    """Bytes sent (summed over the ranks it covers), bytes of the busiest rank, seconds spent
-    in collectives — since the previous call. An engine reports its own rank's
-    (``bytes == bytes_max_rank``); a runtime reports the world's."""
+    """Bytes sent (summed over the ranks it covers), bytes of the busiest rank, *exposed*
+    seconds (blocked in a collective or waiting for one) and total seconds (every collective
+    from issue to completion, overlapped with computation or not) — since the previous call.
+    An engine reports its own rank's (``bytes == bytes_max_rank``); a runtime reports the
+    world's (seconds of the slowest rank)."""
 
     bytes: int = 0
     bytes_max_rank: int = 0
     seconds: float = 0.0
+    total_seconds: float = 0.0
 
 
 class Reducer:

@@ -20,6 +20,23 @@ return at once and count nothing. Control reductions (:func:`control_all_reduce`
 metrics, checkpoint and SIGTERM agreement — a few scalars) are not the algorithm's traffic and
 are not counted.
 
+**Padded bytes.** ``all_gather`` and ``reduce_scatter`` move every member's chunk padded to the
+largest one (torch's collectives take equal chunks); :attr:`Comm.padded` counts what really
+moves, (g−1)·max chunk, beside the logical counts (equal for the other collectives).
+
+**Wire format.** ``Comm(grid, wire_dtype=torch.bfloat16)`` (``--comm-dtype``) sends floating
+tensors of the SpMM phases (``forward``, ``backward``, ``eval``) in that dtype and hands them
+back in the caller's dtype, so the counted bytes halve exactly. Reductions are summed in fp32:
+a low-precision reduce-scatter is an all-to-all of the chunks (the same bytes) summed locally.
+``all_reduce`` (the weights' gradient sum), setup traffic, integer tensors and tensors sent with
+``exact=True`` (matrix values) keep their dtype.
+
+**Overlap.** ``start_all_to_all`` / ``start_all_gather`` / ``start_reduce_scatter`` issue the
+collective asynchronously and return a :class:`Pending` whose ``wait()`` gives the result, so a
+kernel computes what it holds while rows are in flight. :attr:`Comm.seconds` is the *exposed*
+time (the rank blocked in a collective or a wait); :attr:`Comm.total_seconds` is each
+collective's own time from issue to completion (its future's callback), overlapped or not.
+
 **The device rule.** This module is the only caller of ``torch.distributed`` collectives
 (``tests/test_comm_rule.py`` fails on any other). Every call goes through one checked
 entry that refuses a tensor whose device type the process group has no backend for, so the
@@ -57,6 +74,10 @@ DIST_CALLS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_
               "broadcast_object_list", "gather", "gather_object", "init_process_group",
               "irecv", "isend", "monitored_barrier", "recv", "reduce", "reduce_scatter",
               "reduce_scatter_tensor", "scatter", "scatter_object_list", "send")
+#: phases whose floating tensors travel in the wire dtype (``--comm-dtype``)
+WIRE_PHASES = ("forward", "backward", "eval")
+#: dtypes whose sums are taken in fp32 after the exchange, never on the wire
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # Device types each single backend carries (gloo and MPI copy CUDA tensors through the host).
 _BACKEND_DEVICES = {"gloo": ("cpu", "cuda"), "mpi": ("cpu", "cuda"), "nccl": ("cuda",)}
@@ -195,13 +216,16 @@ def _chunk(numel: int, g: int, i: int) -> int:
 class Comm:
     """Counted collectives over the axes of one :class:`ProcessGrid`."""
 
-    def __init__(self, grid: ProcessGrid):
+    def __init__(self, grid: ProcessGrid, wire_dtype: Optional[torch.dtype] = None):
         self.grid = grid
+        self.wire_dtype = None if wire_dtype == torch.float32 else wire_dtype
         self.phase = "forward"
         self.on_phase = None  # optional callable told each phase change (a watchdog)
         self.bytes: Dict[Tuple[str, str], int] = defaultdict(int)
+        self.padded: Dict[Tuple[str, str], int] = defaultdict(int)
         self.messages: Dict[Tuple[str, str], int] = defaultdict(int)
-        self.seconds = 0.0
+        self.seconds = 0.0        # exposed: blocked in a collective or a wait
+        self.total_seconds = 0.0  # every collective from issue to completion
 
     # ------------------------------------------------------------ bookkeeping
     @contextmanager
@@ -216,9 +240,10 @@ class Comm:
             if self.on_phase is not None:
                 self.on_phase(old)
 
-    def _count(self, axes, nbytes: int, msgs: int) -> None:
+    def _count(self, axes, nbytes: int, msgs: int, padded: Optional[int] = None) -> None:
         key = ("+".join(axes) if not isinstance(axes, str) else axes, self.phase)
         self.bytes[key] += int(nbytes)
+        self.padded[key] += int(nbytes if padded is None else padded)
         self.messages[key] += int(msgs)
 
     def total_bytes(self) -> int:
@@ -228,8 +253,9 @@ class Comm:
         """Return (total bytes, per-(axis, phase) bytes, seconds) and zero the counters."""
         out = (self.total_bytes(), dict(self.bytes), self.seconds)
         self.bytes.clear()
+        self.padded.clear()
         self.messages.clear()
-        self.seconds = 0.0
+        self.seconds = self.total_seconds = 0.0
         return out
 
     @contextmanager
@@ -241,26 +267,60 @@ class Comm:
             self.seconds += time.perf_counter() - t
 
     def _run(self, what: str, tensors, group, call):
-        return _collective(what, tensors, group, self.phase, call)
+        t0 = time.perf_counter()
+        out = _collective(what, tensors, group, self.phase, call)
+        self.total_seconds += time.perf_counter() - t0
+        return out
+
+    def _start(self, what: str, tensors, group, call, finish) -> "Pending":
+        """Issue ``call`` (an ``async_op=True`` collective) and return its :class:`Pending`."""
+        t0 = time.perf_counter()
+        with self._timed():
+            work = _collective(what, tensors, group, self.phase, call)
+        pending = Pending(self, work, finish)
+
+        def done(fut):
+            pending.done_at = time.perf_counter()
+            return fut
+        try:
+            work.get_future().then(done)
+        except (AttributeError, RuntimeError):  # a backend without futures: wait() times it
+            pass
+        pending.issued_at = t0
+        return pending
+
+    def _wire(self, t: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """``t`` as it travels: in the wire dtype when one is set and ``t`` is a floating
+        tensor of an SpMM phase (module docstring)."""
+        if (self.wire_dtype is None or exact or not t.is_floating_point()
+                or self.phase not in WIRE_PHASES or t.dtype == self.wire_dtype):
+            return t
+        return t.to(self.wire_dtype)
 
     def _g(self, axes):
         return self.grid.group(axes), self.grid.ranks_of(axes)
 
     # ------------------------------------------------------------ collectives
-    def broadcast(self, t: torch.Tensor, root_index: int, axes) -> torch.Tensor:
-        """Broadcast ``t`` (in place) from the ``root_index``-th member of the group."""
+    def broadcast(self, t: torch.Tensor, root_index: int, axes, exact: bool = False
+                  ) -> torch.Tensor:
+        """Broadcast ``t`` (in place) from the ``root_index``-th member of the group (in the
+        wire dtype unless ``exact``; the root keeps the rounded values too, so every member
+        computes with the same numbers)."""
         group, ranks = self._g(axes)
         if len(ranks) == 1:
             return t
+        w = self._wire(t, exact)
         if ranks[root_index] == self.grid.rank:
-            self._count(axes, t.numel() * t.element_size() * (len(ranks) - 1), len(ranks) - 1)
+            self._count(axes, w.numel() * w.element_size() * (len(ranks) - 1), len(ranks) - 1)
         with self._timed():
             src = self.grid.world_rank(ranks[root_index])
-            self._run("broadcast", [t], group, lambda: dist.broadcast(t, src=src, group=group))
+            self._run("broadcast", [w], group, lambda: dist.broadcast(w, src=src, group=group))
+        if w is not t:
+            t.copy_(w)
         return t
 
     def all_reduce(self, t: torch.Tensor, axes, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        """In-place all-reduce of ``t`` over the group."""
+        """In-place all-reduce of ``t`` over the group (always in ``t``'s own dtype)."""
         group, ranks = self._g(axes)
         g = len(ranks)
         if g == 1:
@@ -271,67 +331,131 @@ class Comm:
             self._run("all_reduce", [t], group, lambda: dist.all_reduce(t, op=op, group=group))
         return t
 
-    def all_gather(self, t: torch.Tensor, axes, sizes: Optional[Sequence[int]] = None
-                   ) -> List[torch.Tensor]:
+    def all_gather(self, t: torch.Tensor, axes, sizes: Optional[Sequence[int]] = None,
+                   exact: bool = False) -> List[torch.Tensor]:
         """Every member's ``t`` (dim 0 may differ: pass all members' ``sizes``), in group order."""
+        return self.start_all_gather(t, axes, sizes, exact).wait()
+
+    def start_all_gather(self, t: torch.Tensor, axes, sizes: Optional[Sequence[int]] = None,
+                         exact: bool = False) -> "Pending":
+        """:meth:`all_gather`, issued; ``wait()`` gives the list."""
         group, ranks = self._g(axes)
         g = len(ranks)
         if g == 1:
-            return [t]
-        t = t.contiguous()
-        self._count(axes, t.numel() * t.element_size() * (g - 1), g - 1)
+            return Pending.ready([t])
+        w = self._wire(t.contiguous(), exact)
         sizes = list(sizes) if sizes is not None else [t.shape[0]] * g
         pad = max(sizes)
-        buf = t.new_zeros((pad,) + tuple(t.shape[1:]))
-        buf[:t.shape[0]] = t
-        outs = [t.new_empty((pad,) + tuple(t.shape[1:])) for _ in range(g)]
-        with self._timed():
-            self._run("all_gather", [buf], group, lambda: dist.all_gather(outs, buf, group=group))
-        return [o[:s] for o, s in zip(outs, sizes)]
+        row = _row_numel(w) * w.element_size()
+        self._count(axes, w.numel() * w.element_size() * (g - 1), g - 1, pad * row * (g - 1))
+        buf = w
+        if w.shape[0] != pad:
+            buf = w.new_zeros((pad,) + tuple(w.shape[1:]))
+            buf[:w.shape[0]] = w
+        outs = [w.new_empty((pad,) + tuple(w.shape[1:])) for _ in range(g)]
+
+        def finish():
+            return [o[:s].to(t.dtype) for o, s in zip(outs, sizes)]
+        return self._start("all_gather", [buf], group,
+                           lambda: dist.all_gather(outs, buf, group=group, async_op=True), finish)
 
     def reduce_scatter(self, t: torch.Tensor, axes, sizes: Sequence[int]) -> torch.Tensor:
         """Sum ``t`` over the group and return this member's dim-0 chunk (``sizes`` per member)."""
+        return self.start_reduce_scatter(t, axes, sizes).wait()
+
+    def start_reduce_scatter(self, t: torch.Tensor, axes, sizes: Sequence[int]) -> "Pending":
+        """:meth:`reduce_scatter`, issued; ``wait()`` gives this member's chunk. In a
+        low-precision dtype (the wire's or ``t``'s own) the chunks go by all-to-all and are
+        summed here in fp32 (module docstring)."""
         group, ranks = self._g(axes)
         g = len(ranks)
         if g == 1:
-            return t
+            return Pending.ready(t)
         me = ranks.index(self.grid.rank)
-        self._count(axes, (t.numel() - sizes[me] * _row_numel(t)) * t.element_size(), g - 1)
-        t = t.contiguous()
+        w = self._wire(t.contiguous())
+        if w.dtype in _LOW_PRECISION:
+            return self._reduce_by_all_to_all(t, w, axes, sizes, me)
         pad = max(sizes)
-        chunks = list(torch.split(t, list(sizes), dim=0))
+        row = _row_numel(w) * w.element_size()
+        self._count(axes, (w.numel() - sizes[me] * _row_numel(w)) * w.element_size(), g - 1,
+                    pad * row * (g - 1))
+        chunks = list(torch.split(w, list(sizes), dim=0))
         if any(s != pad for s in sizes):
-            padded = [t.new_zeros((pad,) + tuple(t.shape[1:])) for _ in range(g)]
+            padded = [w.new_zeros((pad,) + tuple(w.shape[1:])) for _ in range(g)]
             for p, c in zip(padded, chunks):
                 p[:c.shape[0]] = c
             chunks = padded
-        out = t.new_empty((pad,) + tuple(t.shape[1:]))
-        with self._timed():
-            self._run("reduce_scatter", chunks, group,
-                      lambda: dist.reduce_scatter(out, chunks, group=group))
-        return out[:sizes[me]]
+        out = w.new_empty((pad,) + tuple(w.shape[1:]))
+        return self._start("reduce_scatter", chunks, group,
+                           lambda: dist.reduce_scatter(out, chunks, group=group, async_op=True),
+                           lambda: out[:sizes[me]])
+
+    def _reduce_by_all_to_all(self, t, w, axes, sizes, me) -> "Pending":
+        """Reduce-scatter of a low-precision ``w``: member j gets every member's chunk j
+        (one all-to-all, the bytes of a reduce-scatter) and sums them in fp32."""
+        g = len(sizes)
+        pending = self.start_all_to_all(w, list(sizes), [sizes[me]] * g, axes)
+
+        def finish():
+            parts = pending.wait().reshape((g, sizes[me]) + tuple(w.shape[1:]))
+            return parts.sum(dim=0, dtype=torch.float32).to(t.dtype)
+        return Pending.deferred(finish)
 
     def all_to_all(self, send: torch.Tensor, send_counts: Sequence[int],
-                   recv_counts: Sequence[int], axes) -> torch.Tensor:
+                   recv_counts: Sequence[int], axes, exact: bool = False) -> torch.Tensor:
         """Uneven all-to-all along dim 0: ``send_counts[j]`` rows go to member j, and
         ``recv_counts[j]`` rows come from member j (grouped in member order)."""
+        return self.start_all_to_all(send, send_counts, recv_counts, axes, exact).wait()
+
+    def start_all_to_all(self, send: torch.Tensor, send_counts: Sequence[int],
+                         recv_counts: Sequence[int], axes, exact: bool = False) -> "Pending":
+        """:meth:`all_to_all`, issued; ``wait()`` gives the received rows."""
         group, ranks = self._g(axes)
         g = len(ranks)
         if g == 1:
-            return send
+            return Pending.ready(send)
         me = ranks.index(self.grid.rank)
-        row_bytes = _row_numel(send) * send.element_size()
+        w = self._wire(send.contiguous(), exact)
+        row_bytes = _row_numel(w) * w.element_size()
         others = [c for j, c in enumerate(send_counts) if j != me]
         self._count(axes, sum(others) * row_bytes, sum(1 for c in others if c))
-        out = send.new_empty((int(sum(recv_counts)),) + tuple(send.shape[1:]))
-        with self._timed():
-            self._run("all_to_all", [send], group, lambda: dist.all_to_all_single(
-                out, send.contiguous(), list(map(int, recv_counts)),
-                list(map(int, send_counts)), group=group))
-        return out
+        out = w.new_empty((int(sum(recv_counts)),) + tuple(w.shape[1:]))
+        return self._start("all_to_all", [w], group, lambda: dist.all_to_all_single(
+            out, w, list(map(int, recv_counts)), list(map(int, send_counts)), group=group,
+            async_op=True), lambda: out.to(send.dtype))
 
     def reduce_control(self, t: torch.Tensor, axes, op: str = "sum") -> torch.Tensor:
         """:func:`control_all_reduce` over the group of ``axes`` (epoch metrics; not counted)."""
         if self.grid.size(axes) == 1:
             return t
         return control_all_reduce(t, op, self.grid.group(axes))
+
+
+class Pending:
+    """A collective in flight: ``wait()`` blocks until it is done (that wait counted as
+    exposed time) and returns its result, once."""
+
+    def __init__(self, comm: Optional[Comm], work, finish):
+        self.comm, self.work, self.finish = comm, work, finish
+        self.issued_at = self.done_at = None
+        self._result, self._waited = None, False
+
+    @classmethod
+    def ready(cls, value) -> "Pending":
+        """A result that needed no communication (a one-member group)."""
+        return cls(None, None, lambda: value)
+
+    @classmethod
+    def deferred(cls, finish) -> "Pending":
+        """A result ``finish`` makes when asked (it waits for what it needs itself)."""
+        return cls(None, None, finish)
+
+    def wait(self):
+        if not self._waited:
+            if self.work is not None:
+                with self.comm._timed():
+                    self.work.wait()
+                end = self.done_at if self.done_at is not None else time.perf_counter()
+                self.comm.total_seconds += end - self.issued_at
+            self._result, self._waited = self.finish(), True
+        return self._result

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .comm import Comm
+from .comm import Comm, Pending
 from .local import as_tensor
 
 
@@ -39,15 +39,25 @@ class HaloPlan:
     def num_halo(self) -> int:
         return int(sum(self.recv_counts))
 
+    def start_gather(self, comm: Comm, h: torch.Tensor, axes) -> Pending:
+        """The halo rows (n_halo, f), issued (:mod:`kernels.overlap`)."""
+        return comm.start_all_to_all(h.index_select(0, self.send_local), self.send_counts,
+                                     self.recv_counts, axes)
+
     def gather(self, comm: Comm, h: torch.Tensor, axes) -> torch.Tensor:
         """[h; the halo rows] (n_local + n_halo, f)."""
-        halo = comm.all_to_all(h.index_select(0, self.send_local), self.send_counts,
-                               self.recv_counts, axes)
-        return torch.cat([h, halo], dim=0)
+        return torch.cat([h, self.start_gather(comm, h, axes).wait()], dim=0)
+
+    def start_return(self, comm: Comm, g_halo: torch.Tensor, axes) -> Pending:
+        """The halo rows' gradients sent back to their owners, issued."""
+        return comm.start_all_to_all(g_halo.contiguous(), self.recv_counts, self.send_counts,
+                                     axes)
+
+    def add_returned(self, g_own: torch.Tensor, back: torch.Tensor) -> torch.Tensor:
+        """Own rows' gradient plus what their users sent back (:meth:`start_return`)."""
+        return g_own.index_add(0, self.send_local, back)
 
     def scatter_back(self, comm: Comm, g_ext: torch.Tensor, n_local: int, axes) -> torch.Tensor:
         """Gradient of :meth:`gather`: own rows plus the halo gradients their users send back."""
-        back = comm.all_to_all(g_ext[n_local:].contiguous(), self.recv_counts, self.send_counts,
-                               axes)
-        return g_ext[:n_local].index_add(0, self.send_local, back)
-
+        return self.add_returned(g_ext[:n_local],
+                                 self.start_return(comm, g_ext[n_local:], axes).wait())

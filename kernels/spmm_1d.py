@@ -7,6 +7,10 @@ Backward dH_r = (Σ_q A_qᵀ · G_q)_r        — each rank forms A_rᵀ·G_r (n
                                             one reduce-scatter returns row block r.
 
 Words moved per rank per SpMM: (p−1)·n_r·f forward, n·f − n_r·f backward.
+
+Both directions overlap (:mod:`overlap`): A_r's own diagonal block multiplies H_r while the
+other blocks are gathered; in the backward the other blocks' part of A_rᵀ·G_r (own block left
+zero) is reduce-scattered while the own block's is computed, and added when it arrives.
 Shapes: A_r (n_r, n); H_r, Z_r, G_r, dH_r (n_r, f).
 """
 from __future__ import annotations
@@ -18,10 +22,10 @@ import torch
 
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, coll, per_feature
-from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
-from .local import as_tensor, csr_tensor, transpose_csr
+from .local import as_tensor
+from .overlap import ColumnSplit
 
 AXIS = "row"
 
@@ -39,17 +43,28 @@ class Op1D(DistOperator):
         me = comm.grid.coord(AXIS)
         self.num_dst = self.num_src = self.sizes[me]
         n = int(np.sum(self.sizes))
-        shape = (self.num_dst, n)
-        self.A = csr_tensor(indptr, indices, values, shape, device)
-        self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape), (n, self.num_dst),
-                             device)
+        lo = int(np.sum(self.sizes[:me]))
+        self.split = ColumnSplit(indptr, indices, values, (self.num_dst, n), lo,
+                                 lo + self.num_src, device=device)
 
     def forward_rows(self, h):
-        blocks = self.comm.all_gather(h, AXIS, self.sizes)
-        return csr_mm(self.A, torch.cat(blocks, dim=0))
+        blocks = self.comm.start_all_gather(h, AXIS, self.sizes)
+        return self.split.forward(h, _Joined(blocks))
 
     def backward_rows(self, grad):
-        return self.comm.reduce_scatter(csr_mm(self.AT, grad), AXIS, self.sizes)
+        g_own, rest = self.split.backward(
+            grad, lambda g: self.comm.start_reduce_scatter(g, AXIS, self.sizes))
+        return g_own.add_(rest.wait())
+
+
+class _Joined:
+    """A pending all-gather whose ``wait()`` gives the blocks stacked (what Â_rest takes)."""
+
+    def __init__(self, pending):
+        self.pending = pending
+
+    def wait(self):
+        return torch.cat(self.pending.wait(), dim=0)
 
 
 def row_axis(world: int, dims=None, replication: int = 1) -> dict:

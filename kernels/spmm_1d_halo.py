@@ -6,6 +6,9 @@ Forward  Z_r = A_r · [H_r; halo rows]      — one uneven all-to-all of the nee
 Backward dH_r = own part of A_rᵀ·G_r + the halo parts other ranks send back (reverse
           all-to-all), accumulated at the rows that were sent.
 
+Both directions overlap (:mod:`overlap`): the local columns' product runs while the halo rows
+(forward) or the halo gradients (backward) are in flight.
+
 Words moved per rank per SpMM: f × (rows this rank sends) in each direction.
 Shapes: A_r (n_r, n_r + halo_r); H_r, Z_r (n_r, f).
 """
@@ -13,11 +16,10 @@ from __future__ import annotations
 
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, distinct, partners, per_feature, plan_counts
-from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
-from .local import csr_tensor, transpose_csr
+from .overlap import ColumnSplit
 from .spmm_1d import row_axis
 
 AXIS = "row"
@@ -29,19 +31,17 @@ class Op1DHalo(DistOperator):
     def __init__(self, comm: Comm, indptr, indices, values, n_local: int, plan: HaloPlan,
                  device=None):
         self.comm, self.plan = comm, plan
-        self.num_dst = self.num_src = int(n_local)
-        n_ext = self.num_src + plan.num_halo
-        shape = (self.num_dst, n_ext)
-        self.A = csr_tensor(indptr, indices, values, shape, device)
-        self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape), (n_ext, self.num_dst),
-                             device)
+        self.num_dst = self.num_src = n = int(n_local)
+        self.split = ColumnSplit(indptr, indices, values, (n, n + plan.num_halo), 0, n,
+                                 rest_offset=n, device=device)
 
     def forward_rows(self, h):
-        return csr_mm(self.A, self.plan.gather(self.comm, h, AXIS))
+        return self.split.forward(h, self.plan.start_gather(self.comm, h, AXIS))
 
     def backward_rows(self, grad):
-        g_ext = csr_mm(self.AT, grad)
-        return self.plan.scatter_back(self.comm, g_ext, self.num_src, AXIS)
+        g_own, back = self.split.backward(
+            grad, lambda g_halo: self.plan.start_return(self.comm, g_halo, AXIS))
+        return self.plan.add_returned(g_own, back.wait())
 
 
 def build_1d_halo(shard, comm: Comm, norm: str, device=None) -> Op1DHalo:
