@@ -21,7 +21,7 @@ import time
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.normalize import union_structure
-from gnnpar.partitioners import (METHODS, GridSpec, format_report, partition_graph, report,
+from gnnpar.partitioners import (DEFAULT_BALANCE, METHODS, GridSpec, format_report, partition_graph, report,
                                  write_shards)
 from gnnpar.partitioners.shards import check_shard_folder, dataset_source
 
@@ -40,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parts", type=int, required=True, metavar="P",
                    help="number of parts = ranks that will load the shards (required)")
     p.add_argument("--method", choices=METHODS, default="metis", help="partitioner (default: metis)")
-    p.add_argument("--balance", choices=("nodes", "edges"), default="nodes",
-                   help="quantity to balance: vertices, or row non-zeros (default: nodes)")
+    p.add_argument("--balance", choices=("nodes", "edges"), default=None,
+                   help="quantity to balance: vertices, or row non-zeros with each row weighted "
+                        "too (default: edges for metis/kaminpar, nodes for block)")
     p.add_argument("--seed", type=int, default=0, help="partitioner seed (default: 0)")
     p.add_argument("--imbalance", type=float, default=0.03,
                    help="allowed imbalance of metis/kaminpar, fraction of the mean (default: 0.03)")
@@ -87,7 +88,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     graph = load_dataset(args.dataset, directed=args.directed, cache_dir=args.cache_dir)
     say(f"{graph.summary()} ({time.perf_counter() - t0:.1f} s)")
-    say(f"partitioning into {args.parts} parts with {args.method} (balance {args.balance})")
+    say(f"partitioning into {args.parts} parts with {args.method} "
+        f"(balance {args.balance or DEFAULT_BALANCE[args.method]})")
     t0 = time.perf_counter()
     part = partition_graph(graph, args.parts, args.method, seed=args.seed, balance=args.balance,
                            imbalance=args.imbalance)

@@ -11,7 +11,8 @@ d > 1. Weights are replicated on every rank and every rank owns distinct rows (w
 or a distinct batch (across groups), so the ranks sharing a weight block are all p ranks: the
 runtime's one flat all-reduce over every axis reduces each gradient exactly once.
 
-Words moved per rank per SpMM: those of 3d; per step add the gradient all-reduce over all p
+Full batch runs 3d's balanced block layout (``permute=True``, :func:`spmm_3d.options_3d`);
+per group, the group's rows as given. Words moved per rank per SpMM: those of 3d; per step add the gradient all-reduce over all p
 ranks, 2·(P − chunk_r)·4 bytes for P parameters, chunk_r = ⌊P/p⌋ + [r < P mod p] (Comm's
 all_reduce rule), as for every other algorithm.
 Shapes: as :mod:`spmm_3d`.
@@ -22,9 +23,9 @@ from gnnpar.datasets import InputError
 
 from .comm import Comm
 from .cost_terms import Cost
-from .entry import Algorithm, GroupRule, layers_option
+from .entry import Algorithm, GroupRule
 from .spmm_3d import (AXES3, CUBE_PAIRS, build_3d_ops, cube, estimate_3d, exact_3d,
-                      matrix_bytes_3d)
+                      matrix_bytes_3d, options_3d)
 
 
 def build_4d_ops(shard, comm: Comm, norm: str, device=None, full_batch: bool = True, **kw):
@@ -61,6 +62,6 @@ def group_of_cubes(algo, world, group_size, dims, replication):
 #: instead, so 4d is not listed twice.
 SPMM_4D = Algorithm(
     name="4d", axes=("data",) + AXES3, shape=data_cube, builder=build_4d_ops, flags=("grid",),
-    option_rule=layers_option, extra_combos=CUBE_PAIRS,
+    option_rule=options_3d, extra_combos=CUBE_PAIRS,
     group=GroupRule(group_of_cubes, {"full_batch": False}),
     cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d))

@@ -8,14 +8,14 @@ bindings): nothing here imports torch.distributed.
 - :func:`report`: edge cut, balance, halo sizes, bytes per SpMM;
 - :func:`write_shards` / :func:`load_shard` / :func:`build_shard` / :func:`reassemble`.
 """
-from .dispatch import METHODS, partition_graph
+from .dispatch import DEFAULT_BALANCE, METHODS, partition_graph
 from .grid import GridLayout, GridSpec, LocalBlock, make_layout
 from .partition import Partition
 from .quality import format_report, halo_counts, report
 from .shards import (FORMAT_VERSION, Shard, ShardBuilder, build_shard, build_shards, load_grid_rows,
                      load_shard, read_meta, reassemble, write_shards)
 
-__all__ = ["METHODS", "Partition", "partition_graph", "GridLayout", "GridSpec", "LocalBlock",
+__all__ = ["DEFAULT_BALANCE", "METHODS", "Partition", "partition_graph", "GridLayout", "GridSpec", "LocalBlock",
            "make_layout", "format_report", "halo_counts", "report", "FORMAT_VERSION", "Shard",
            "ShardBuilder", "build_shard", "build_shards", "load_grid_rows", "load_shard",
            "read_meta", "reassemble", "write_shards"]

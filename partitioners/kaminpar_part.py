@@ -56,7 +56,7 @@ def write_parhip(path: str, indptr: np.ndarray, indices: np.ndarray, vweights=No
             f.write(np.asarray(vweights).astype("<i8").tobytes())
 
 
-def kaminpar_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "nodes",
+def kaminpar_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "edges",
                        imbalance: float = 0.03, threads: int = 1) -> Partition:
     """KaMinPar partition of the symmetrised graph (see module docstring)."""
     kaminpar = _import_kaminpar()

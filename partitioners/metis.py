@@ -8,7 +8,9 @@ Balance. pymetis (2025.2) passes exactly one vertex weight per vertex to METIS (
 an ``n * 2``-long weight array is silently misread), so only one quantity can be balanced:
 
 - ``balance='nodes'``: unit weights, so parts hold ``n/P`` vertices within the tolerance;
-- ``balance='edges'``: vertex ``v`` weighs ``deg(v) + d`` with ``d = ceil(mean degree)``. On
+- ``balance='edges'`` (the default): vertex ``v`` weighs ``deg(v) + d`` with
+  ``d = ceil(mean degree)``: a rank's non-zeros plus its rows, each row counted as an average
+  row's non-zeros (its features and dense-layer work). On
   power-law graphs vertex-only balance leaves the part with the hubs 5-30x the mean edge count.
   With this weight a part's weight is ``E_r + d * N_r`` and the total is about ``2 E``, so the
   METIS bound gives ``E_r <= 2 (1 + imbalance) E / P`` and ``N_r <= 2 (1 + imbalance) n / P``:
@@ -104,7 +106,7 @@ def checked_input(method: str, graph: Graph, parts: int, imbalance: float, balan
     return parts, imbalance, indptr, indices, vertex_weights(indptr, balance)
 
 
-def metis_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "nodes",
+def metis_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "edges",
                     imbalance: float = 0.03) -> Partition:
     """METIS k-way partition of the symmetrised graph (see module docstring for the promises)."""
     import pymetis

@@ -6,7 +6,10 @@ its self loops never cross parts) unless said otherwise. For a partition into P 
 - ``edge_cut`` / ``edge_cut_fraction``: off-diagonal non-zeros of S whose row and column have
   different owners, and their share of all off-diagonal non-zeros;
 - ``vertex_balance`` = max / mean of part sizes; ``edge_balance`` = max / mean of the non-zeros
-  of each part's rows of S (a local SpMM's work);
+  of each part's rows of S (a local SpMM's work); ``nodes_max``/``nodes_mean`` and
+  ``nnz_max``/``nnz_mean``: what the busiest part holds against the mean, the part that sets a
+  synchronous epoch's time (its features and dense layers scale with nodes, its SpMM with
+  non-zeros);
 - ``halo`` per part: the number of distinct columns of the part's rows owned by other parts, i.e.
   the H rows sparsity-aware 1D must receive per SpMM; ``halo_total`` and ``halo_max``;
 - ``bytes_allgather`` = (P-1) * n * f * 4: every rank receives every other rank's H rows (the
@@ -70,6 +73,8 @@ def report(graph: Graph, partition: Partition, feat_width: int = 128, grid=None,
         "vertex_balance": _ratio(partition.sizes.astype(np.float64)),
         "edge_balance": _ratio(part_nnz.astype(np.float64)),
         "sizes_min": int(partition.sizes.min()), "sizes_max": int(partition.sizes.max()),
+        "nodes_max": int(partition.sizes.max()), "nodes_mean": float(partition.sizes.mean()),
+        "nnz_max": int(part_nnz.max()), "nnz_mean": float(part_nnz.mean()),
         "halo": [int(h) for h in halo], "halo_total": int(halo.sum()), "halo_max": int(halo.max()),
         "feat_width": f,
         "bytes_allgather": (P - 1) * n * f * FLOAT_BYTES,
@@ -93,6 +98,9 @@ def format_report(rep: dict) -> str:
         f"edge cut: {rep['edge_cut']:,} ({100 * rep['edge_cut_fraction']:.2f}% of off-diagonal non-zeros)",
         f"balance (max/mean): vertices {rep['vertex_balance']:.3f}, edges {rep['edge_balance']:.3f}"
         f" (part sizes {rep['sizes_min']:,}..{rep['sizes_max']:,})",
+        f"busiest part: {rep['nodes_max']:,} nodes ({rep['vertex_balance']:.2f}x the mean "
+        f"{rep['nodes_mean']:,.0f}: features, dense layers), {rep['nnz_max']:,} non-zeros of A'+I "
+        f"({rep['edge_balance']:.2f}x the mean {rep['nnz_mean']:,.0f}: local SpMM work)",
         f"halo rows: total {rep['halo_total']:,}, max per part {rep['halo_max']:,}",
         f"bytes per SpMM at f={rep['feat_width']}: 1D all-gather {rep['bytes_allgather'] / mib:,.1f} MiB, "
         f"halo exchange {rep['bytes_halo'] / mib:,.1f} MiB ({100 * rep['halo_over_allgather']:.1f}%)",
