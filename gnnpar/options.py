@@ -167,9 +167,10 @@ def check_args(args) -> None:
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError(f"--nprocs > 1 needs a distributed --algo ({', '.join(ALGORITHMS)})")
-    if args.comm_dtype != "fp32" and args.algo == "serial" and (args.nprocs or 1) == 1:
-        raise InputError(f"--comm-dtype {args.comm_dtype} sets the wire format between ranks; "
-                         "a one-process run has none (use a distributed --algo or --nprocs)")
+    if args.comm_dtype != "fp32" and args.algo == "serial":
+        raise InputError(f"--comm-dtype {args.comm_dtype} sets the wire format of a distributed "
+                         "SpMM's exchanges; --algo serial (one process, or mini-batch data "
+                         "parallelism) has none")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InputError(f"--timeout must be a finite number > 0 seconds, got {args.timeout}")
     if args.profile is not None and not 0 <= args.profile < args.epochs:

@@ -20,6 +20,7 @@ import torch
 
 from gnnpar.datasets import Graph
 from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.kernels.comm import WIRE_DTYPES
 
 from .distributed import DistRuntime
 from .interfaces import Shard
@@ -80,20 +81,22 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
     fingerprint = (shard_fingerprint(data, spec) if source is not None else
                    data.fingerprint() if spec.checkpoint_dir else None)
     meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity,
-            **_precision_identity(spec)}
+            **_numerics_identity(spec)}
     lead = rank == 0
     ckpt = Checkpointing(spec, rank, meta, model, opt, spec.quiet or not lead)
-    fields = {**training.fields, "precision": spec.precision}
+    fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype}
     return train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
                         model, spec, fields, lead, training.desc,
                         {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
                         ckpt=ckpt)
 
 
-def _precision_identity(spec: RunSpec) -> dict:
-    """A bf16 run's checkpoints name their precision (a resume in the other precision would
-    not continue the same numbers); fp32 runs keep the identity they always had."""
-    return {} if spec.precision == "fp32" else {"precision": spec.precision}
+def _numerics_identity(spec: RunSpec) -> dict:
+    """A bf16 run's checkpoints name their precision, and a run with a low-precision wire its
+    ``--comm-dtype`` (a resume with another would not continue the same numbers); fp32 runs
+    keep the identity they always had."""
+    return {k: v for k, v in (("precision", spec.precision), ("comm_dtype", spec.comm_dtype))
+            if v != "fp32"}
 
 
 def _dims(data: Union[Graph, Shard]):
@@ -112,7 +115,7 @@ def _fullbatch(spec, rank, world, data, model, device, watchdog) -> Training:
         grid = list(spec.grid_shape(world).values())
         process_grid = entry.make_grid(world, spec.grid_dims, spec.replication or 1)
         runtime = DistRuntime(process_grid, data, spec.algo, model.norm, device,
-                              **entry.options(spec))
+                              WIRE_DTYPES[spec.comm_dtype], **entry.options(spec))
         if watchdog is not None:
             runtime.comm.on_phase = watchdog.set_phase
         fields = {"algo": spec.algo, "world_size": world, "grid": grid}

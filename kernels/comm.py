@@ -74,6 +74,8 @@ DIST_CALLS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_
               "broadcast_object_list", "gather", "gather_object", "init_process_group",
               "irecv", "isend", "monitored_barrier", "recv", "reduce", "reduce_scatter",
               "reduce_scatter_tensor", "scatter", "scatter_object_list", "send")
+#: ``--comm-dtype`` names → the wire dtype (None: tensors travel as they are)
+WIRE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: phases whose floating tensors travel in the wire dtype (``--comm-dtype``)
 WIRE_PHASES = ("forward", "backward", "eval")
 #: dtypes whose sums are taken in fp32 after the exchange, never on the wire

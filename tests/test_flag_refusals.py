@@ -65,6 +65,9 @@ REFUSED = [
     (["--macrobatch", "0"], "--macrobatch"),
     ([*MB, "--macrobatch", "0"], "--macrobatch"),
     ([*MB, "--nprocs", "2", "--macrobatch", "0"], "--macrobatch"),
+    # --comm-dtype: the wire of a distributed SpMM; serial and data-parallel runs have none
+    (["--comm-dtype", "bf16"], "--comm-dtype"),
+    ([*MB, "--nprocs", "2", "--comm-dtype", "fp16"], "--comm-dtype"),
 ]
 
 
@@ -102,6 +105,9 @@ ACCEPTED = [
     [*MB, "--algo", "2d", "--grid", "1x2", "--variant", "halo"],
     [*MB, "--algo", "3d", "--grid", "1x1x2"],
     [*MB, "--algo", "4d", "--grid", "2x1x1x2"],
+    ["--algo", "1d-halo", "--nprocs", "2", "--comm-dtype", "bf16"],
+    [*MB, "--algo", "2d", "--grid", "1x2", "--comm-dtype", "fp16"],
+    ["--comm-dtype", "fp32"],
 ]
 
 

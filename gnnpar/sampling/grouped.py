@@ -41,7 +41,7 @@ import torch
 from gnnpar.interfaces import CommStats
 from gnnpar.kernels.algorithms import get_grouped
 from gnnpar.kernels.bipartite import block_shard, build_bipartite, dst_first_owner
-from gnnpar.kernels.comm import Comm
+from gnnpar.kernels.comm import WIRE_DTYPES, Comm
 from gnnpar.kernels.grid import parse_grid
 
 from .blocks import Block
@@ -133,7 +133,8 @@ class Group:
         dims = parse_grid(spec.grid) if spec.grid else None
         outer, inner = entry.make_group_grid(world, spec.group_size, dims, spec.replication or 1)
         return cls(spec.algo, outer.shape["data"], inner.world_size, outer.coord("data"),
-                   inner.rank, Comm(outer), Comm(inner), dict(inner.shape),
+                   inner.rank, Comm(outer), Comm(inner, WIRE_DTYPES[spec.comm_dtype]),
+                   dict(inner.shape),
                    entry.options(spec, per_group=True))
 
     @property
