@@ -2,11 +2,17 @@
 the cost model, without running anything.
 
     gnnpar-plan --dataset rmat:scale=16,ef=16 --world 8
+    gnnpar-plan --dataset rmat:scale=16,ef=16 --world 8 --partitioner metis   # exact, per rank
     gnnpar-plan --nodes 111059956 --edges 1615685872 --features 128 --classes 172 \\
                 --world 256 --mem-cap 80GB          # ogbn-papers100M on 256 GPUs
+    gnnpar-plan --calibrate [--calibration rates.json]   # probe this machine (seconds)
+    gnnpar-plan --dataset ... --world 8 --calibration rates.json
 
-Times use the cost model's machine figures (``--bandwidth``, ``--latency``; defaults in
-``gnnpar.kernels.cost_model.Machine``); bytes and messages are per average rank per epoch.
+Times use the cost model's machine figures: a calibration file (``--calibration PATH`` or env
+``GNNPAR_CALIBRATION``, written by ``--calibrate``), else the defaults of
+``gnnpar.kernels.cost_model.Machine``; ``--bandwidth``/``--latency`` override either. With
+``--partitioner`` the dataset is partitioned and bytes and messages are the busiest rank's
+(padded, as the collectives move them); otherwise they are the average rank's estimate.
 """
 from __future__ import annotations
 
@@ -18,8 +24,10 @@ import sys
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.limits import MAX_BYTES_ENV, parse_bytes
-from gnnpar.kernels.cost_model import Machine, rank_algorithms
+from gnnpar.kernels.cost_model import Machine, Structure, rank_algorithms
+from gnnpar.partitioners import partition_graph
 
+from .calibrate import CALIBRATION_ENV, DEFAULT_PATH, calibrate, machine_for, save
 from .cli_common import run_cli
 
 PROG = "gnnpar-plan"
@@ -50,12 +58,23 @@ def _positive_finite(flag: str, value) -> None:
         raise InputError(f"{flag} must be a finite number > 0, got {value}")
 
 
-def check_model_args(args) -> None:
-    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto)."""
+def _check_model_flags(args) -> None:
     _positive_finite("--bandwidth", args.bandwidth)
     _positive_finite("--latency", args.latency)
+    path = getattr(args, "calibration", None)
+    if path is not None and not getattr(args, "calibrate", False):
+        Machine.load(path)  # refused now, not after the dataset is loaded
     if args.mem_cap is not None and parse_bytes(args.mem_cap) <= 0:
         raise InputError(f"--mem-cap must be > 0, got {args.mem_cap}")
+
+
+def check_model_args(args) -> None:
+    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto). A
+    ``--calibration`` file is also put in the environment (:data:`CALIBRATION_ENV`): the run
+    settings of gnnpar-train carry no path, and its launcher's plan reads the variable."""
+    _check_model_flags(args)
+    if getattr(args, "calibration", None) is not None:
+        os.environ[CALIBRATION_ENV] = os.path.abspath(args.calibration)
 
 
 def check_world(world: int, flag: str = "--world") -> None:
@@ -73,10 +92,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bytes/s a rank sends (default: cost model's 25e9)")
     p.add_argument("--latency", type=float, default=None,
                    help="seconds per message (default: cost model's 5e-6)")
+    p.add_argument("--calibration", default=None, metavar="PATH",
+                   help="time figures measured by `gnnpar-plan --calibrate` (JSON; default: "
+                        f"env {CALIBRATION_ENV}, else the cost model's defaults)")
 
 
 def machine_from(args):
-    m = Machine()
+    """The cost model's machine: the calibration file (``--calibration`` or the environment
+    variable), else the defaults; ``--bandwidth``/``--latency`` override either."""
+    m = machine_for(getattr(args, "calibration", None)) or Machine()
     if args.bandwidth is not None:
         m.bandwidth = args.bandwidth
     if args.latency is not None:
@@ -85,14 +109,17 @@ def machine_from(args):
 
 
 def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, world: int,
-         model: str, args, cut_fraction=None):
+         model: str, args, cut_fraction=None, structure=None):
+    """The ranked rows (:func:`rank_algorithms`); ``structure`` (Â and a partition into
+    ``world`` parts) makes them exact and per busiest rank."""
     if min(n, m, f_in, hidden, classes, layers, world) < 1:
         raise InputError("nodes, edges, features, hidden, classes, layers and world must be >= 1")
     check_world(world)
     widths = [f_in] + [hidden] * (layers - 1) + [classes]
     cap = parse_bytes(args.mem_cap) if args.mem_cap else None
     return rank_algorithms(n, m, widths, world, kind=model, mem_cap=cap,
-                           machine=machine_from(args), cut_fraction=cut_fraction)
+                           machine=machine_from(args), cut_fraction=cut_fraction,
+                           structure=structure)
 
 
 def format_table(rows, top: int) -> str:
@@ -113,7 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--edges", type=int, default=None, help="non-zeros of Â (m), instead of --dataset")
     p.add_argument("--features", type=int, default=128, help="input width (with --nodes)")
     p.add_argument("--classes", type=int, default=16, help="output width (with --nodes)")
-    p.add_argument("--world", type=int, required=True, help="number of ranks")
+    p.add_argument("--world", type=int, default=None, help="number of ranks (required unless "
+                   "--calibrate)")
+    p.add_argument("--partitioner", default=None,
+                   help="with --dataset: partition it (block | random | metis | kaminpar) and "
+                        "model every rank exactly (default: average-rank estimate)")
+    p.add_argument("--seed", type=int, default=0, help="partitioner seed (with --partitioner)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="probe this machine (a few seconds: SpMM and dense rates, latency and "
+                        f"bandwidth of 2 local gloo ranks) and write the figures to --calibration "
+                        f"(default {DEFAULT_PATH})")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per process while calibrating (1: one thread per rank)")
     p.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
     p.add_argument("--layers", type=int, default=3, help="GNN layers")
     p.add_argument("--hidden", type=int, default=256, help="hidden width")
@@ -127,11 +165,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_calibrate(args) -> int:
+    if args.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {args.threads}")
+    path = args.calibration or DEFAULT_PATH
+    record = calibrate(threads=args.threads)
+    save(record, path)
+    print(f"wrote {path}: bandwidth {record['bandwidth'] / 1e9:.3g} GB/s, latency "
+          f"{record['latency'] * 1e6:.3g} us, SpMM {record['spmm_rate'] / 1e9:.3g} GFLOP/s, "
+          f"dense {record['dense_rate'] / 1e9:.3g} GFLOP/s ({args.threads} thread(s), "
+          f"probe {record['probe_s']:.1f} s)")
+    return 0
+
+
 def run(args) -> int:
+    if args.calibrate:
+        return run_calibrate(args)
+    if args.world is None:
+        raise InputError("give --world P (or --calibrate)")
+    if args.partitioner is not None and args.dataset is None:
+        raise InputError("--partitioner needs --dataset (the graph to partition)")
     if args.dataset is None and (args.nodes is None or args.edges is None):
         raise InputError("give --dataset SPEC, or --nodes N and --edges M")
     apply_max_memory(args)
-    check_model_args(args)
+    _check_model_flags(args)
     if args.world < 1:
         raise InputError(f"--world must be >= 1, got {args.world}")
     check_world(args.world)  # before a dataset is loaded
@@ -139,19 +196,25 @@ def run(args) -> int:
         raise InputError(f"--cut-fraction must be in [0, 1], got {args.cut_fraction}")
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
+    structure = None
     if args.dataset is not None:
         g = load_dataset(args.dataset)
         n, m, f_in, classes = g.num_nodes, g.num_edges + g.num_nodes, g.num_features, g.num_classes
+        if args.partitioner is not None:
+            part = partition_graph(g, args.world, args.partitioner, seed=args.seed)
+            structure = Structure.from_graph(g, part.owner, args.world)
     else:
         n, m, f_in, classes = args.nodes, args.edges, args.features, args.classes
     rows = plan(n, m, f_in, args.hidden, classes, args.layers, args.world, args.model, args,
-                args.cut_fraction)
+                args.cut_fraction, structure)
     if args.json:
         for r in rows:
             print(json.dumps(r))
     else:
         print(f"n={n:,} m={m:,} world={args.world} widths {f_in}->{args.hidden}x"
-              f"{args.layers - 1}->{classes} ({args.model})")
+              f"{args.layers - 1}->{classes} ({args.model}); "
+              + (f"{args.partitioner} partition, busiest rank" if structure is not None
+                 else "average rank estimate"))
         print(format_table(rows, args.top))
     return 0
 

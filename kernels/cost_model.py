@@ -16,33 +16,47 @@ An epoch per layer l with SpMM width f_l: the forward SpMM, and its backward whe
 input needs a gradient (not the first layer's when it aggregates the raw features, see
 :func:`spmm_widths`). Evaluation passes (phase ``eval``) are not part of an epoch.
 
-Time model (:class:`Machine`, every field settable): latency·messages + bytes/bandwidth +
-SpMM and dense flops / rates. Defaults (documented in the fields) are a 2020s GPU cluster:
-25 GB/s per rank, 5 µs per message, 2e11 sparse and 5e13 dense flop/s.
+**The critical path.** An epoch runs at the pace of its busiest rank: every collective waits
+for its slowest member. So the ranking uses, per candidate, the *busiest* rank's *padded*
+bytes (``all_gather``/``reduce_scatter`` pad every member's chunk to the group's largest, see
+:mod:`gnnpar.kernels.comm`) and messages, and the busiest rank's compute. With the graph's
+structure and a partition (``structure=`` in :func:`rank_algorithms`, ``gnnpar-plan
+--partitioner``) these are exact per-rank figures and their maximum; with n and m alone the
+estimate is the average rank of even blocks, whose busiest rank is the average one.
+
+Time model (:class:`Machine`, every field settable, or calibrated on the machine at hand by
+``gnnpar-plan --calibrate``, :mod:`gnnpar.calibrate`): epoch seconds ≈
+max over ranks of (SpMM multiply-adds × 2 / ``spmm_rate`` + dense flops / ``dense_rate``)
++ max over ranks of (``latency`` × messages + padded bytes / ``bandwidth``), no overlap
+assumed. Defaults (documented in the fields) are a 2020s GPU cluster: 25 GB/s per rank, 5 µs
+per message, 2e11 sparse and 5e13 dense flop/s.
 
 Each algorithm's formulas are the ``cost`` of its registry entry (at the end of its
 ``kernels/spmm_*.py``, written with :mod:`gnnpar.kernels.cost_terms`); this module only sums
 them over an epoch and ranks them. An algorithm without one is refused here and never chosen.
 
 :func:`rank_algorithms` enumerates every algorithm and grid for a world size and returns them
-ranked by modelled epoch time under a per-rank memory cap (``--algo auto``, ``gnnpar-plan``).
+ranked by modelled epoch time under a per-rank memory cap (``--algo auto``, ``gnnpar-plan``);
+:func:`predict` is the same model for one algorithm and grid on a given partition.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from gnnpar.datasets import InputError
 
 from .algorithms import ALGORITHMS, cost_names, get
-from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, param_count,
-                         spmm_widths)
+from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gather_padding,
+                         param_count, reduce_padding, spmm_widths)
 
 __all__ = ["Structure", "Machine", "spmm_widths", "param_count", "allreduce_bytes",
            "epoch_traffic", "estimate_traffic", "memory_bytes", "epoch_time", "candidates",
-           "rank_algorithms"]
+           "rank_algorithms", "epoch_work", "predict"]
 
 
 def __getattr__(name: str):
@@ -63,20 +77,123 @@ def _cost(algo: str) -> Cost:
 # ----------------------------------------------------------------- exact per-rank traffic
 def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[int], dims=None,
                   variant: str = "halo", layers: int = 0, rotate: bool = True) -> Dict[str, np.ndarray]:
-    """Exact per-rank ``bytes`` and ``messages`` of one epoch (``dims``: (pr, pc) for 2d, c for
-    1.5d, (px, py, pz) for 3d/4d; ``layers``/``rotate`` as the 3d builder)."""
+    """Exact per-rank ``bytes`` (logical, as :attr:`Comm.bytes` counts them), ``padded``
+    (what really moves, as :attr:`Comm.padded` counts it) and ``messages`` of one epoch
+    (``dims``: (pr, pc) for 2d, c for 1.5d, (px, py, pz) for 3d/4d; ``layers``/``rotate`` as
+    the 3d builder)."""
     p = structure.p
     counts = _cost(algo).exact(structure, dims, variant, layers, rotate)
+    pad_fwd, pad_bwd = _padding(algo)(structure, dims, variant)
     nbytes = np.zeros(p, np.int64)
+    padded = np.zeros(p, np.int64)
     msgs = np.zeros(p, np.int64)
     for l, (f, back) in enumerate(spmm_widths(kind, widths)):
         fb, fm, bb, bm = counts.spmm(f, l)
         nbytes += fb + (bb if back else 0)
+        padded += (pad_fwd + (pad_bwd if back else 0)) * f * F32
         msgs += fm + (bm if back else 0)
     P = param_count(kind, widths)
     nbytes += allreduce_bytes(P, p)
     msgs += 2 * coll(p)
-    return {"bytes": nbytes, "messages": msgs}
+    return {"bytes": nbytes, "padded": nbytes + padded, "messages": msgs}
+
+
+# ----------------------------------------------------------------- padding and work
+# What the built-in kernels' entries (kernels/spmm_*.py) do not say yet: the rows their
+# all-gathers and reduce-scatters pad, and each rank's non-zeros. An entry's own ``padding`` /
+# ``work`` (cost_terms.Cost) takes precedence; these follow the kernels' docstrings.
+def _no_padding(s: Structure, dims, variant):
+    return np.zeros(s.p, np.int64), np.zeros(s.p, np.int64)
+
+
+def _padding_1d(s: Structure, dims, variant):
+    """All-gather of every block over all ranks; its reduce-scatter in the backward."""
+    group = np.zeros(s.p, np.int64)
+    return gather_padding(s.sizes, group), reduce_padding(s.sizes, group)
+
+
+def _padding_15d(s: Structure, c, variant):
+    """Reduce-scatter over ``replica`` forward, all-gather over it backward; ``bcast`` also
+    reduce-scatters the stage blocks over ``row`` (chunk |R_j| on the holder, 0 elsewhere)."""
+    q = np.arange(s.p)
+    i, k = q // c, q % c
+    fwd, bwd = reduce_padding(s.sizes, i), gather_padding(s.sizes, i)
+    if variant == "bcast":
+        R = np.bincount(i, weights=s.sizes, minlength=s.p // c).astype(np.int64)
+        bwd = bwd + reduce_padding(np.where(k == i % c, R[i], 0), k)
+    return fwd, bwd
+
+
+def _padding_2d(s: Structure, dims, variant):
+    """``bcast``: gather over ``row`` (the ranks of column j) and reduce-scatter over ``col``
+    (those of row i) forward, the reverse backward; ``halo`` moves by all-to-all (no padding)."""
+    if variant != "bcast":
+        return _no_padding(s, dims, variant)
+    pr, pc = dims
+    q = np.arange(s.p)
+    i, j = q // pc, q % pc
+    return (gather_padding(s.sizes, j) + reduce_padding(s.sizes, i),
+            gather_padding(s.sizes, i) + reduce_padding(s.sizes, j))
+
+
+_PADDING = {"1d": _padding_1d, "1.5d": _padding_15d, "2d": _padding_2d}
+
+
+def _padding(algo: str) -> Callable:
+    """The algorithm's padding rule: its entry's, the table's, else none (3d/4d: their
+    gathers' padding is not modelled yet, so their padded count is the logical one)."""
+    own = _cost(algo).padding
+    return own if own is not None else _PADDING.get(algo, _no_padding)
+
+
+def _owned_rows_work(s: Structure, dims, variant, layers, rotate):
+    nnz = np.bincount(s.owner[s.rows], minlength=s.p).astype(np.int64)
+    return lambda f, layer: nnz * f
+
+
+def _dest_work(dest_of):
+    def work(s: Structure, dims, variant, layers, rotate):
+        nnz = np.bincount(dest_of(s, dims), minlength=s.p).astype(np.int64)
+        return lambda f, layer: nnz * f
+    return work
+
+
+def _cube_work(s: Structure, dims, variant, layers, rotate):
+    """3d: each rank multiplies its piece's non-zeros by its slice of the features."""
+    counts = _cost("3d").exact(s, dims, variant, layers, rotate)
+
+    def work(f, layer):
+        o = counts.orients[layer % len(counts.orients)]
+        pz = o["pz"]
+        w = np.diff([(f * k) // pz for k in range(pz + 1)])
+        return o["nnz"] * w[o["z"]]
+    return work
+
+
+_WORK = {"1d": _owned_rows_work, "1d-halo": _owned_rows_work,
+         "1.5d": _dest_work(lambda s, c: (s.owner[s.rows] // c) * c + (s.owner[s.cols] // c) % c),
+         "2d": _dest_work(lambda s, d: (s.owner[s.rows] // d[1]) * d[1] + s.owner[s.cols] % d[1]),
+         "3d": _cube_work, "4d": _cube_work}
+
+
+def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int], dims=None,
+               variant: str = "halo", layers: int = 0, rotate: bool = True) -> Dict[str, np.ndarray]:
+    """Per-rank ``spmm_flops`` (2 × multiply-adds of every SpMM of an epoch, backward ones
+    included) and ``dense_flops`` (each rank's own rows through every layer's weights:
+    forward, and the input and weight gradients)."""
+    own = _cost(algo).work
+    work = (own or _WORK.get(algo, _owned_rows_work))(structure, dims, variant, layers, rotate)
+    spmm = np.zeros(structure.p, np.float64)
+    for l, (f, back) in enumerate(spmm_widths(kind, widths)):
+        spmm += 2.0 * work(f, l) * (2 if back else 1)
+    dense = 6.0 * structure.sizes * _dense_per_row(kind, widths)
+    return {"spmm_flops": spmm, "dense_flops": dense}
+
+
+def _dense_per_row(kind: str, widths: Sequence[int]) -> float:
+    """Multiply-adds per row of one forward pass through the layers' weights."""
+    per = 2 if kind == "sage" else 1
+    return float(sum(per * fi * fo for fi, fo in zip(widths[:-1], widths[1:])))
 
 
 # ----------------------------------------------------------------- estimates (no partition)
@@ -114,6 +231,32 @@ class Machine:
     spmm_rate: float = 2e11
     dense_rate: float = 5e13
 
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "calibration") -> "Machine":
+        """The figures of ``d`` (other keys — what the probe measured, on which host — are
+        ignored); every field must be there, finite and > 0."""
+        values = {}
+        for f in fields(cls):
+            v = d.get(f.name) if isinstance(d, dict) else None
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (
+                    math.isfinite(v) and v > 0):
+                raise InputError(f"{where}: {f.name} must be a finite number > 0, got {v!r}")
+            values[f.name] = float(v)
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str) -> "Machine":
+        """A calibration file written by ``gnnpar-plan --calibrate`` (:mod:`gnnpar.calibrate`)."""
+        try:
+            with open(path) as fh:
+                d = json.load(fh)
+        except (OSError, ValueError) as e:
+            raise InputError(f"cannot read the calibration file {path}: {e}") from None
+        return cls.from_dict(d, path)
+
 
 def memory_bytes(n: int, m: int, p: int, algo: str, widths: Sequence[int], recv_feat_rows: float,
                  dims=None, layers: int = 0) -> float:
@@ -131,10 +274,25 @@ def memory_bytes(n: int, m: int, p: int, algo: str, widths: Sequence[int], recv_
 
 def epoch_time(nbytes: float, msgs: float, n: int, m: int, p: int, kind: str,
                widths: Sequence[int], machine: Machine) -> float:
+    """The average rank of even blocks (estimate mode): its compute plus its communication."""
     spmm = sum(2 * (m / p) * f * (2 if back else 1) for f, back in spmm_widths(kind, widths))
-    dense = sum(6 * (n / p) * fi * fo for fi, fo in zip(widths[:-1], widths[1:]))
+    dense = 6 * (n / p) * _dense_per_row(kind, widths)
     return (msgs * machine.latency + nbytes / machine.bandwidth + spmm / machine.spmm_rate
             + dense / machine.dense_rate)
+
+
+def predict(structure: Structure, algo: str, kind: str, widths: Sequence[int], machine: Machine,
+            dims=None, variant: str = "halo", layers: int = 0, rotate: bool = True) -> dict:
+    """One algorithm and grid on a given partition: the busiest rank's padded bytes and
+    messages, the mean logical bytes, and the modelled epoch seconds (``time_s`` =
+    ``compute_s`` + ``comm_s``, each the busiest rank's)."""
+    t = epoch_traffic(structure, algo, kind, widths, dims, variant, layers, rotate)
+    w = epoch_work(structure, algo, kind, widths, dims, variant, layers, rotate)
+    comm = machine.latency * t["messages"] + t["padded"] / machine.bandwidth
+    compute = w["spmm_flops"] / machine.spmm_rate + w["dense_flops"] / machine.dense_rate
+    return {"bytes": int(t["padded"].max()), "bytes_mean": float(t["bytes"].mean()),
+            "messages": int(t["messages"].max()), "compute_s": float(compute.max()),
+            "comm_s": float(comm.max()), "time_s": float(compute.max() + comm.max())}
 
 
 def candidates(p: int):
@@ -148,22 +306,37 @@ def candidates(p: int):
 
 def rank_algorithms(n: int, m: int, widths: Sequence[int], world: int, kind: str = "gcn",
                     mem_cap: Optional[float] = None, machine: Optional[Machine] = None,
-                    cut_fraction: Optional[float] = None, layers: Optional[int] = None) -> List[dict]:
-    """Every (algorithm, grid, variant) at ``world`` ranks with modelled bytes, messages, memory
-    and epoch time per (average) rank, best first; rows over ``mem_cap`` bytes come last with
-    ``fits`` False. Needs only n, m (and optionally the cut fraction): works for any world."""
+                    cut_fraction: Optional[float] = None, layers: Optional[int] = None,
+                    structure: Optional[Structure] = None,
+                    algos: Optional[Sequence[str]] = None) -> List[dict]:
+    """Every (algorithm, grid, variant) at ``world`` ranks (of ``algos``, default all) with
+    modelled bytes, messages, memory and epoch time, best first; rows over ``mem_cap`` bytes
+    come last with ``fits`` False.
+
+    With ``structure`` (the graph's Â and a partition into ``world`` parts) bytes and messages
+    are the busiest rank's, padded, and time is :func:`predict`'s critical path; without it
+    they are the average rank's estimate from n, m (and the cut fraction), for any world."""
     machine = machine or Machine()
     layers = len(widths) - 1 if layers is None else layers
+    if structure is not None and structure.p != world:
+        raise InputError(f"the partition has {structure.p} parts but the world size is {world}")
     rows = []
     for algo, dims, variant in candidates(world):
+        if algos is not None and algo not in algos:
+            continue
         t = estimate_traffic(n, m, world, algo, kind, widths, dims, variant, cut_fraction)
         mem = memory_bytes(n, m, world, algo, widths, t["recv_rows"], dims, layers)
-        secs = epoch_time(t["bytes"], t["messages"], n, m, world, kind, widths, machine)
+        if structure is not None:
+            t = predict(structure, algo, kind, widths, machine, dims, variant, layers)
+            secs = t["time_s"]
+        else:
+            secs = epoch_time(t["bytes"], t["messages"], n, m, world, kind, widths, machine)
         grid = ("x".join(map(str, dims)) if isinstance(dims, tuple)
                 else (f"{world // dims}x{dims}" if dims else str(world)))
         rows.append({"algo": algo, "grid": grid, "variant": variant, "replication":
                      dims if "replication" in ALGORITHMS[algo].flags else 1, "bytes": t["bytes"],
                      "messages": t["messages"], "memory": mem, "time_s": secs,
+                     **{k: t[k] for k in ("bytes_mean", "compute_s", "comm_s") if k in t},
                      "fits": bool(mem_cap is None or mem <= mem_cap)})
     rows.sort(key=lambda r: (not r["fits"], r["time_s"]))
     return rows

@@ -13,7 +13,15 @@ the terms of :mod:`gnnpar.kernels.cost_model`:
 - ``matrix_bytes(a, n, m, dims, layers)`` (optional): peak bytes of Â a rank stores, given
   ``a`` = Â and Âᵀ as CSR over its owned rows (the default when absent);
 - ``candidates(p)`` (optional): the ``(dims, variant)`` pairs ``--algo auto`` and
-  ``gnnpar-plan`` rank at world size p; absent = never chosen automatically.
+  ``gnnpar-plan`` rank at world size p; absent = never chosen automatically;
+- ``padding(structure, dims, variant)`` (optional): per-rank arrays ``(fwd, bwd)`` of the rows
+  per feature that ``all_gather``/``reduce_scatter`` move beyond the logical count (they pad
+  every member's chunk to the group's largest: :func:`gather_padding`, :func:`reduce_padding`);
+  absent = the cost model's table for the built-in kernels, else none;
+- ``work(structure, dims, variant, layers, rotate)`` (optional): a function ``(f, layer)`` ->
+  per-rank multiply-adds of one SpMM of width f (the rank's non-zeros × the features it
+  multiplies); absent = the cost model's table for the built-in kernels, else the owned rows'
+  non-zeros × f.
 
 ``dims`` is the algorithm's grid in the cost model's convention: None (1D), c (1.5d),
 (pr, pc) (2d), (px, py, pz) (3d/4d).
@@ -113,6 +121,31 @@ def plan_counts(p, dest, item, item_owner):
     return recv, send, recv_msgs, send_msgs
 
 
+def _group_max(values, group):
+    """Per rank: the largest of ``values`` over the members of its ``group`` (group ids)."""
+    values, group = np.asarray(values, np.int64), np.asarray(group, np.int64)
+    mx = np.zeros(int(group.max(initial=0)) + 1, np.int64)
+    np.maximum.at(mx, group, values)
+    return mx[group]
+
+
+def gather_padding(sizes, group) -> np.ndarray:
+    """Rows per feature an ``all_gather`` of ``sizes`` rows per member moves beyond its logical
+    count, per rank (``group``: each rank's group id): (g − 1)·(max chunk − mine)."""
+    g = np.bincount(group)[group]
+    return (g - 1) * (_group_max(sizes, group) - np.asarray(sizes, np.int64))
+
+
+def reduce_padding(sizes, group, total=None) -> np.ndarray:
+    """The same for a ``reduce_scatter`` whose chunks are ``sizes`` (a rank's own chunk):
+    (g − 1)·max chunk − (total − mine), total = the group's Σ sizes unless given."""
+    sizes, group = np.asarray(sizes, np.int64), np.asarray(group, np.int64)
+    g = np.bincount(group)[group]
+    if total is None:
+        total = np.bincount(group, weights=sizes).astype(np.int64)[group]
+    return (g - 1) * _group_max(sizes, group) - (total - sizes)
+
+
 class LinearCounts:
     """Exact counts of a kernel whose rows sent do not depend on f: ``rows`` = (fwd, bwd) rows
     each rank sends per feature, ``msgs`` = (fwd, bwd) messages, per-rank arrays."""
@@ -182,3 +215,5 @@ class Cost:
     estimate: Callable
     matrix_bytes: Optional[Callable] = None
     candidates: Optional[Callable] = None
+    padding: Optional[Callable] = None
+    work: Optional[Callable] = None

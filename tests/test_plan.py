@@ -1,12 +1,16 @@
-"""gnnpar-plan and --algo auto: ranked tables at any scale, memory caps, byte sizes."""
+"""gnnpar-plan and --algo auto: ranked tables at any scale, memory caps, byte sizes; the
+calibration file (probe, round trip, its use by the plan and by --algo auto); exact plans."""
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
 
+from gnnpar.calibrate import CALIBRATION_ENV, calibrate, save
 from gnnpar.datasets import InputError
-from gnnpar.plan_cli import main, parse_bytes
+from gnnpar.kernels.cost_model import Machine, rank_algorithms
+from gnnpar.plan_cli import check_model_args, machine_from, main, parse_bytes
 
 
 def test_parse_bytes():
@@ -44,3 +48,81 @@ def test_auto_picks_and_trains(tmp_path):
     assert "--algo auto chose" in r.stderr
     final = json.loads(log.read_text().splitlines()[-1])
     assert final["algo"] in ("1d", "1d-halo", "1.5d", "2d", "3d") and final["world_size"] == 2
+
+
+SLOW = {"bandwidth": 1e6, "latency": 1e-2, "spmm_rate": 1e8, "dense_rate": 1e9}
+PAPERS = ["--nodes", "111059956", "--edges", "1615685872", "--features", "128", "--classes",
+          "172", "--world", "64", "--json"]
+
+
+def _rows(capsys):
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_calibration_file_round_trip_and_plan_uses_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(CALIBRATION_ENV, raising=False)
+    path = tmp_path / "rates.json"
+    save({**SLOW, "threads": 1, "host": "test"}, str(path))
+    assert Machine.load(str(path)) == Machine(**SLOW)
+    assert main(PAPERS + ["--calibration", str(path)]) == 0
+    calibrated = _rows(capsys)
+    assert main(PAPERS) == 0
+    default = _rows(capsys)
+    want = rank_algorithms(111059956, 1615685872, [128, 256, 256, 172], 64, machine=Machine(**SLOW))
+    assert [r["time_s"] for r in calibrated] == pytest.approx([r["time_s"] for r in want])
+    assert calibrated[0]["time_s"] > 100 * default[0]["time_s"]
+    # --bandwidth still overrides the file
+    assert main(PAPERS + ["--calibration", str(path), "--bandwidth", "1e12"]) == 0
+    assert _rows(capsys)[0]["time_s"] < calibrated[0]["time_s"]
+
+
+@pytest.mark.parametrize("bad", ['{"bandwidth": 1}', "not json",
+                                 json.dumps({**SLOW, "latency": -1.0}),
+                                 json.dumps({**SLOW, "spmm_rate": "fast"})])
+def test_bad_calibration_file_is_an_input_error(tmp_path, bad):
+    path = tmp_path / "rates.json"
+    path.write_text(bad)
+    with pytest.raises(InputError, match="rates.json"):
+        Machine.load(str(path))
+    assert main(PAPERS + ["--calibration", str(path)]) == 2
+    assert main(PAPERS + ["--calibration", str(tmp_path / "missing.json")]) == 2
+
+
+def test_auto_reads_the_calibration_through_the_environment(tmp_path, monkeypatch):
+    """gnnpar-train's run settings carry no path: checking the flags puts it in the
+    environment, where the launcher's plan (machine_from of the spec) finds it."""
+    monkeypatch.delenv(CALIBRATION_ENV, raising=False)
+    path = tmp_path / "rates.json"
+    save(SLOW, str(path))
+    ns = argparse.Namespace(bandwidth=None, latency=None, mem_cap=None, calibration=str(path))
+    check_model_args(ns)
+    spec_like = argparse.Namespace(bandwidth=None, latency=None, mem_cap=None)
+    assert machine_from(spec_like) == Machine(**SLOW)
+    monkeypatch.delenv(CALIBRATION_ENV)
+    assert machine_from(spec_like) == Machine()
+
+
+def test_calibrate_probe_writes_a_usable_file(tmp_path, capsys):
+    record = calibrate(quick=True)
+    for key in ("bandwidth", "latency", "spmm_rate", "dense_rate"):
+        assert record[key] > 0
+    assert record["latency"] < 1.0 and record["spmm_rate"] < record["dense_rate"] * 100
+    path = tmp_path / "cal.json"
+    assert main(["--calibrate", "--calibration", str(path)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert main(["--dataset", "sbm:n=300,blocks=3,p_in=0.05,p_out=0.005", "--world", "4",
+                 "--calibration", str(path), "--json"]) == 0
+    assert all(r["time_s"] > 0 for r in _rows(capsys))
+
+
+def test_partitioned_plan_is_per_busiest_rank(capsys):
+    spec = "sbm:n=400,blocks=4,p_in=0.05,p_out=0.002"
+    assert main(["--dataset", spec, "--world", "4", "--partitioner", "metis", "--json"]) == 0
+    exact = _rows(capsys)
+    assert all(r["bytes"] >= r["bytes_mean"] for r in exact)
+    assert [r["time_s"] for r in exact] == sorted(r["time_s"] for r in exact)
+    halo = next(r for r in exact if r["algo"] == "1d-halo")
+    one_d = next(r for r in exact if r["algo"] == "1d")
+    assert halo["bytes"] < one_d["bytes"]  # METIS on 4 planted blocks: few rows cross
+    assert main(["--nodes", "10", "--edges", "20", "--world", "2", "--partitioner",
+                 "metis"]) == 2

@@ -1,0 +1,130 @@
+"""Calibrate the cost model's time figures on the machine at hand (``gnnpar-plan --calibrate``).
+
+A probe of a few seconds measures the four rates of :class:`~gnnpar.kernels.cost_model.Machine`
+the way an epoch uses them:
+
+- ``spmm_rate``: flop/s (2 × multiply-adds) of this project's local SpMM
+  (:func:`gnnpar.kernels.cpu_spmm.csr_mm`) on a random sparse matrix with ~16 non-zeros a row;
+- ``dense_rate``: flop/s of a dense ``(n × f) @ (f × f)`` product (the layers' weights);
+- ``latency`` and ``bandwidth``: two local ranks (:func:`gnnpar.spawn.spawn`, gloo) exchange
+  by :meth:`gnnpar.kernels.comm.Comm.all_to_all` one small and one large message per rank;
+  latency = the small exchange's seconds (one message each way), bandwidth = the large one's
+  extra bytes over its extra seconds.
+
+Each figure is the median of several repetitions after a warm-up, with ``threads`` torch
+threads per process (default 1: the one-thread-per-rank layout of a strong-scaling sweep; a
+run with all cores in one process wants ``--threads`` = cores). The result is a JSON object
+with the four figures (read by :meth:`Machine.load`) and what was measured, where, when.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from gnnpar.kernels.comm import Comm
+from gnnpar.kernels.cost_model import Machine
+from gnnpar.kernels.cpu_spmm import csr_mm
+from gnnpar.kernels.grid import ProcessGrid
+from gnnpar.kernels.local import csr_tensor
+
+from .spawn import spawn
+
+#: environment variable naming a calibration file (how ``gnnpar-train --algo auto`` reads
+#: ``--calibration``: the run settings carry no path, the launcher's plan reads this)
+CALIBRATION_ENV = "GNNPAR_CALIBRATION"
+#: where ``--calibrate`` writes when ``--calibration`` names no file
+DEFAULT_PATH = "gnnpar-calibration.json"
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up (allocations, thread pools, lazy kernel selection)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def spmm_rate(rows: int = 1 << 15, degree: int = 16, f: int = 64, repeats: int = 5,
+              seed: int = 0) -> float:
+    """flop/s of :func:`csr_mm` on a random ``rows × rows`` matrix, ``degree`` non-zeros a row."""
+    rng = np.random.default_rng(seed)
+    indptr = np.arange(0, rows * degree + 1, degree, dtype=np.int64)
+    indices = np.sort(rng.integers(0, rows, (rows, degree)), axis=1).reshape(-1)
+    A = csr_tensor(indptr, indices, rng.random(rows * degree, dtype=np.float32), (rows, rows))
+    h = torch.randn(rows, f)
+    return 2.0 * rows * degree * f / _median_seconds(lambda: csr_mm(A, h), repeats)
+
+
+def dense_rate(rows: int = 1 << 14, f: int = 128, repeats: int = 5) -> float:
+    """flop/s of a ``(rows × f) @ (f × f)`` product."""
+    x, w = torch.randn(rows, f), torch.randn(f, f)
+    return 2.0 * rows * f * f / _median_seconds(lambda: x @ w, repeats)
+
+
+def _exchange_seconds(comm: Comm, numel: int, repeats: int) -> float:
+    send = torch.ones(2 * numel)
+    return _median_seconds(lambda: comm.all_to_all(send, [numel, numel], [numel, numel], "row"),
+                           repeats)
+
+
+def comm_probe(rank: int, world: int, small: int, large: int, repeats: int) -> dict:
+    """Rank body: seconds of a small and a large 2-rank all-to-all (each rank sends one
+    message of ``small`` / ``large`` float32 to the other)."""
+    grid = ProcessGrid.create({"row": world}, world_size=world, rank=rank)
+    comm = Comm(grid)
+    with comm.in_phase("setup"):
+        return {"small_s": _exchange_seconds(comm, small, repeats),
+                "large_s": _exchange_seconds(comm, large, repeats)}
+
+
+def link_rates(small: int = 1, large: int = 1 << 21, repeats: int = 9) -> dict:
+    """``latency`` (s per message) and ``bandwidth`` (bytes/s a rank sends) between two local
+    gloo ranks, one thread each."""
+    out = spawn(comm_probe, 2, args=(small, large, repeats), threads=1, timeout_s=120)
+    small_s = max(o["small_s"] for o in out)
+    large_s = max(o["large_s"] for o in out)
+    extra = 4.0 * (large - small)
+    return {"latency": small_s, "bandwidth": extra / max(large_s - small_s, 1e-9),
+            "small_s": small_s, "large_s": large_s, "large_bytes": 4 * large}
+
+
+def calibrate(threads: int = 1, quick: bool = False) -> dict:
+    """Run the probe; returns the calibration record (the four :class:`Machine` figures and
+    what was measured). ``quick``: smaller problems (tests)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        scale = 4 if quick else 1
+        s = spmm_rate(rows=(1 << 15) // scale)
+        d = dense_rate(rows=(1 << 14) // scale)
+    finally:
+        torch.set_num_threads(old)
+    link = link_rates(large=(1 << 21) // scale, repeats=5 if quick else 9)
+    machine = Machine(bandwidth=link["bandwidth"], latency=link["latency"], spmm_rate=s,
+                      dense_rate=d)
+    return {**machine.to_dict(), "threads": threads, "host": platform.node(),
+            "cpus": os.cpu_count(), "torch": torch.__version__,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "probe_s": round(time.perf_counter() - t0, 3), "link": link}
+
+
+def save(record: dict, path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=1)
+        fh.write("\n")
+
+
+def machine_for(path: Optional[str]) -> Optional[Machine]:
+    """The calibrated :class:`Machine` of ``path``, else of ``$GNNPAR_CALIBRATION``, else None."""
+    path = path or os.environ.get(CALIBRATION_ENV) or None
+    return Machine.load(path) if path else None
