@@ -112,11 +112,19 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
            ) -> torch.Tensor:
     """``A @ h`` for a CSR tensor A (into ``out`` when given, same shape and dtype as the
     result), in h's dtype; bf16/fp16 h with float32 A is summed in float32. No autograd: the
-    callers are autograd Functions that give the backward themselves."""
+    callers are autograd Functions that give the backward themselves. Runs with autocast
+    off: the callers run inside the training step's autocast region, where CPU and CUDA
+    autocast would cast A itself to bf16 for ``torch.sparse.mm`` (MKL has no bf16 sparse
+    product, and bf16 Â values would lose the fp32 sums' point)."""
+    with torch.autocast(h.device.type, enabled=False):
+        return _product(A, h, out)
+
+
+def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
     if triton_spmm.selected(h) and A.layout == torch.sparse_csr:
         return triton_spmm.csr_mm(A, h, out)
     if h.dtype in NARROW and A.dtype == torch.float32:
-        z = csr_mm(A, h.float())
+        z = _product(A, h.float(), None)
         return z.to(h.dtype) if out is None else out.copy_(z)
     if not _usable(A, h):
         if out is None:
