@@ -8,6 +8,8 @@ vertices once at load makes those reads local:
   share a small, hot region;
 - ``rcm``: reverse Cuthill–McKee (scipy) on the symmetrised structure — neighbours get
   nearby ids, the bandwidth of the matrix shrinks;
+- ``partition``: METIS clusters of about :data:`CLUSTER_ROWS` vertices, one after another
+  (hubs first inside each) — the rows of a block read mostly their own cluster;
 - ``none``: the dataset's own order.
 
 Measured on 2 shared cores (the compiled CPU kernel, R-MAT ids in random order): one Â·H at
@@ -35,7 +37,9 @@ import numpy as np
 from .errors import InputError
 from .graph import Graph
 
-ORDERS = ("none", "degree", "rcm")
+ORDERS = ("none", "degree", "rcm", "partition")
+#: rows per cluster of the ``partition`` order: about one core's L2 of 256-wide fp32 rows
+CLUSTER_ROWS = 8192
 
 
 def vertex_order(graph: Graph, how: str) -> np.ndarray:
@@ -49,7 +53,35 @@ def vertex_order(graph: Graph, how: str) -> np.ndarray:
         import scipy.sparse.csgraph as csgraph
         return np.asarray(csgraph.reverse_cuthill_mckee(graph.to_scipy().tocsr(),
                                                         symmetric_mode=False), np.int64)
+    if how == "partition":
+        return partition_order(graph)
     raise InputError(f"--reorder must be one of {', '.join(ORDERS)}, got {how!r}")
+
+
+def partition_order(graph: Graph, rows: int = CLUSTER_ROWS, seed: int = 0) -> np.ndarray:
+    """Clusters of about ``rows`` vertices with few edges between them (METIS k-way on the
+    symmetrised structure, unit weights), one after another, each cluster's vertices by
+    degree, highest first: a block of rows then reads mostly its own cluster's feature rows."""
+    import pymetis
+    import scipy.sparse as sp
+    n = graph.num_nodes
+    k = max(1, -(-n // rows))
+    if k == 1:
+        return np.argsort(-graph.degrees(), kind="stable").astype(np.int64)
+    a = graph.to_scipy().tocsr()
+    a = (a + a.T).tocsr()
+    a.setdiag(0)
+    a.eliminate_zeros()
+    a = sp.csr_matrix(a)
+    opts = pymetis.Options(seed=int(seed))
+    indptr, indices = a.indptr.astype(np.int64), a.indices.astype(np.int64)
+    if hasattr(pymetis, "CSRAdjacency"):
+        _, part = pymetis.part_graph(k, pymetis.CSRAdjacency(indptr, indices), options=opts,
+                                     recursive=False)
+    else:  # pymetis < 2025.2
+        _, part = pymetis.part_graph(k, xadj=indptr, adjncy=indices, options=opts,
+                                     recursive=False)
+    return np.lexsort((-graph.degrees(), np.asarray(part))).astype(np.int64)
 
 
 def reorder(graph: Graph, how: str) -> Graph:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gnnpar.datasets import load_dataset
-from gnnpar.datasets.reorder import ORDERS, reorder
+from gnnpar.datasets.reorder import ORDERS, partition_order, reorder
 from gnnpar.train import main
 
 from .graphs import random_graph
@@ -40,6 +40,20 @@ def test_rcm_narrows_the_band_of_a_power_law_graph():
     assert bandwidth(r) < 0.8 * bandwidth(g)
 
 
+def test_partition_order_keeps_clusters_together():
+    g = load_dataset("sbm:n=400,blocks=8,p_in=0.2,p_out=0.005,seed=2")
+    order = partition_order(g, rows=50)
+    assert sorted(order.tolist()) == list(range(g.num_nodes))
+    pos = np.empty_like(order)
+    pos[order] = np.arange(order.shape[0])
+    src, dst = g.edges()
+
+    def near(p):  # edges whose ends land within one cluster's span of each other
+        return np.mean(np.abs(p[src] - p[dst]) < 50)
+    shuffled = np.random.default_rng(0).permutation(g.num_nodes)
+    assert near(pos) > 0.8 > 0.3 > near(shuffled)
+
+
 def _final(tmp_path, name, *argv):
     log = tmp_path / f"{name}.jsonl"
     assert main(["--epochs", "3", "--dropout", "0", "--quiet", "--log-json", str(log),
@@ -49,7 +63,7 @@ def _final(tmp_path, name, *argv):
 
 def test_training_is_unchanged_up_to_summation_order(tmp_path):
     base = _final(tmp_path, "none")
-    for how in ("degree", "rcm"):
+    for how in ("degree", "rcm", "partition"):
         assert _final(tmp_path, how, "--reorder", how)["loss"] == pytest.approx(base["loss"],
                                                                                rel=1e-5)
     dist = _final(tmp_path, "dist", "--reorder", "degree", "--algo", "1d-halo", "--nprocs", "2")
