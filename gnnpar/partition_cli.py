@@ -4,7 +4,7 @@ Examples::
 
     gnnpar-partition --dataset rmat:scale=18,ef=16 --parts 8 --method metis --balance edges --out shards/rmat18-p8
     gnnpar-partition --dataset sbm:n=20000,blocks=8,p_in=0.0005,p_out=0.00002 --parts 8 --report --json
-    gnnpar-partition --dataset npz:graph.npz --parts 4 --grid 2x2 --out shards/g-2x2
+    gnnpar-partition --dataset npz:graph.npz --parts 4 --grid 2x2 --report
 
 Without ``--out`` nothing is written (use it with ``--report``). ``--out`` must be new, empty,
 or a folder gnnpar wrote shards into (anything else in it is refused with exit 2, nothing
@@ -51,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--norms", default="gcn,mean",
                    help="comma-separated propagation matrices stored per shard (default: gcn,mean)")
     p.add_argument("--grid", default=None, metavar="AxB[xC]",
-                   help="also write 2D/3D grid blocks for this grid; its size must equal --parts (default: none)")
-    p.add_argument("--grid-permute", action="store_true",
-                   help="randomly permute vertices before cutting grid blocks (balances non-zeros; default: off)")
+                   help="with --report: non-zeros per rank of the 2d/3d kernels on this grid, whose "
+                        "size must equal --parts (no blocks are written: the kernels cut them from "
+                        "the shards at setup; default: none)")
     p.add_argument("--report", action="store_true", help="print the partition quality report")
     p.add_argument("--feat-width", type=int, default=128,
                    help="feature width f used for the bytes-per-SpMM figures of --report (default: 128)")
@@ -73,12 +73,15 @@ def run(args) -> int:
         raise InputError(f"--parts must be >= 1, got {args.parts}")
     if args.feat_width < 1:
         raise InputError(f"--feat-width must be >= 1, got {args.feat_width}")
-    grid = GridSpec.parse(args.grid, permute=args.grid_permute, seed=args.seed) if args.grid else None
+    grid = GridSpec.parse(args.grid) if args.grid else None
     if grid is not None and grid.size != args.parts:
         raise InputError(f"--grid {args.grid} has {grid.size} ranks but --parts is {args.parts}; they must be equal")
     norms = tuple(k for k in args.norms.split(",") if k)
     if not args.out and not args.report:
         raise InputError("nothing to do: give --out DIR to write shards, --report to print quality, or both")
+    if grid is not None and not args.report:
+        say(f"--grid {args.grid} only adds figures to --report: the 2d/3d kernels cut their blocks "
+            f"from the shards at setup, so no grid blocks are written")
     source = None
     if args.out:
         check_shard_folder(args.out, "--out")  # a folder with anything but gnnpar shards: refused
@@ -96,7 +99,7 @@ def run(args) -> int:
     part_s = time.perf_counter() - t0
     say(f"partitioned in {part_s:.1f} s")
     if args.out:
-        write_shards(graph, part, args.out, norms=norms, grid=grid, progress=say, source=source,
+        write_shards(graph, part, args.out, norms=norms, progress=say, source=source,
                      what="--out")
     if args.report:
         say("computing the quality report")

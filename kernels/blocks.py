@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from gnnpar.datasets import InputError
+from gnnpar.partitioners.grid import balanced_owner
 
 from .comm import Comm
 from .halo import HaloPlan
@@ -112,10 +113,12 @@ class Ownership:
 
     @classmethod
     def permuted_over(cls, n: int, p: int, seed: int) -> "Ownership":
-        """Seeded random balanced ownership: every rank computes the same one, no traffic."""
-        perm = np.random.default_rng(seed).permutation(n).astype(np.int64)
-        bounds = (np.arange(p + 1, dtype=np.int64) * n) // p
-        return cls._from_ids(n, [np.sort(perm[bounds[r]:bounds[r + 1]]) for r in range(p)], True)
+        """Seeded random balanced ownership (:func:`partitioners.grid.balanced_owner`, which
+        the partition report uses too): every rank computes the same one, no traffic."""
+        owner = balanced_owner(n, p, seed)
+        order = np.argsort(owner, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=p))])
+        return cls._from_ids(n, [order[bounds[r]:bounds[r + 1]] for r in range(p)], True)
 
     def sizes(self, ranks: Sequence[int]) -> List[int]:
         return [int(self.ids[r].shape[0]) for r in ranks]

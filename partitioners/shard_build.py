@@ -23,7 +23,6 @@ Shapes for rank r with ``n_local`` owned vertices, ``n_halo`` halo vertices, ``n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -31,7 +30,6 @@ from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.normalize import KINDS, union_structure, values_for
 
 from .csr_rows import gather_rows, sorted_csr
-from .grid import GridLayout, GridSpec, extract_block, make_layout
 from .partition import Partition
 
 NODE_ARRAYS = ("x", "y", "train_mask", "val_mask", "test_mask")
@@ -81,9 +79,6 @@ class Shard(LocalRows):
     train_mask: np.ndarray
     val_mask: np.ndarray
     test_mask: np.ndarray
-    grid_blocks: dict = field(default_factory=dict)
-    grid_coords: Optional[tuple] = None
-    grid_order: Optional[np.ndarray] = None
     meta: dict = field(default_factory=dict)
 
 
@@ -114,19 +109,10 @@ def check_norms(norms) -> tuple:
     return norms
 
 
-def as_grid_spec(grid) -> Optional[GridSpec]:
-    """None, a GridSpec, a tuple of dims, or a string like '2x3' -> GridSpec or None."""
-    if grid is None or isinstance(grid, GridSpec):
-        return grid
-    if isinstance(grid, str):
-        return GridSpec.parse(grid)
-    return GridSpec(tuple(grid))
-
-
 class ShardBuilder:
     """Global precomputation once; :meth:`build` cuts one rank's :class:`Shard`."""
 
-    def __init__(self, graph: Graph, partition: Partition, norms=("gcn", "mean"), grid=None):
+    def __init__(self, graph: Graph, partition: Partition, norms=("gcn", "mean")):
         partition.validate(graph.num_nodes)
         self.graph, self.partition = graph, partition
         self.norms = check_norms(norms)
@@ -150,9 +136,6 @@ class ShardBuilder:
         del csc
         self.owner = partition.owner
         self.local_id = partition.local_index()
-        spec = as_grid_spec(grid)
-        self.layout: Optional[GridLayout] = make_layout(n, spec, partition) if spec else None
-        self.grid_positions = self.layout.positions() if self.layout is not None else None
 
     @property
     def parts(self) -> int:
@@ -186,17 +169,6 @@ class ShardBuilder:
         dest_sorted, send_local = np.divmod(key, max(n_local, 1))
         return send_local.astype(np.int64), np.bincount(dest_sorted, minlength=P).astype(np.int64)
 
-    def grid_blocks(self, rank: int) -> dict:
-        """This rank's grid blocks, orientation name -> :class:`LocalBlock` (empty without grid)."""
-        if self.layout is None:
-            return {}
-        out = {}
-        for name in self.layout.spec.orientations:
-            rows, cols = self.layout.ranges(rank, name)
-            out[name] = extract_block(self.indptr, self.indices, self.values, self.layout,
-                                      self.grid_positions, rows, cols, name)
-        return out
-
     def build(self, rank: int) -> Shard:
         P = self.parts
         if not 0 <= rank < P:
@@ -212,22 +184,18 @@ class ShardBuilder:
             values={k: v[entry] for k, v in self.values.items()}, raw_weight=self.raw[entry],
             orig_edge=self.orig[entry], halo_ids=halo_ids.astype(np.int64),
             recv_counts=recv_counts, send_counts=send_counts, send_local=send_local,
-            grid_blocks=self.grid_blocks(rank),
-            grid_coords=self.layout.spec.coords(rank) if self.layout is not None else None,
-            grid_order=self.layout.order if self.layout is not None else None,
             meta={"method": self.partition.method, "seed": self.partition.seed,
                   "parts": P, "norms": list(self.norms)},
             **node)
 
 
-def build_shard(graph: Graph, partition: Partition, rank: int, norms=("gcn", "mean"),
-                grid=None) -> Shard:
+def build_shard(graph: Graph, partition: Partition, rank: int, norms=("gcn", "mean")) -> Shard:
     """Rank ``rank``'s :class:`Shard` in memory, identical to what :func:`load_shard` returns
     after :func:`write_shards` (for many ranks, build one :class:`ShardBuilder` and reuse it)."""
-    return ShardBuilder(graph, partition, norms, grid).build(rank)
+    return ShardBuilder(graph, partition, norms).build(rank)
 
 
-def build_shards(graph: Graph, partition: Partition, norms=("gcn", "mean"), grid=None) -> list:
+def build_shards(graph: Graph, partition: Partition, norms=("gcn", "mean")) -> list:
     """Every rank's :class:`Shard` (in-memory tests; the writer streams instead)."""
-    builder = ShardBuilder(graph, partition, norms, grid)
+    builder = ShardBuilder(graph, partition, norms)
     return [builder.build(r) for r in range(partition.num_parts)]

@@ -9,7 +9,7 @@ import numpy as np
 from gnnpar.datasets import InputError
 
 from .shard_build import NODE_ARRAYS
-from .shard_folder import GRID_DIR, MANIFEST
+from .shard_folder import MANIFEST
 
 CHECK_ELEMS = 1 << 22  # elements per chunk when validating a loaded array
 
@@ -70,7 +70,7 @@ class Checker:
         self.in_range(f"{prefix}indices.npy", indices, 0, cols, "column")
 
 
-def validate_shard(folder: str, meta: dict, manifest: dict, arr: dict, blocks: dict) -> None:
+def validate_shard(folder: str, meta: dict, manifest: dict, arr: dict) -> None:
     """Refuse a shard whose arrays no valid graph gives (see module docstring)."""
     ck = Checker(folder)
     n, P, C = int(meta["n"]), int(meta["parts"]), int(meta["num_classes"])
@@ -100,20 +100,3 @@ def validate_shard(folder: str, meta: dict, manifest: dict, arr: dict, blocks: d
     ck.in_range("y.npy", ck.array("y.npy", arr["y"], (n_local,), "int"), 0, C, "label")
     for name in ("train_mask", "val_mask", "test_mask"):
         ck.array(f"{name}.npy", arr[name], (n_local,), "bool")
-    for name, block in blocks.items():
-        prefix = f"{GRID_DIR}/{name}/"
-        rows, cols = block.shape
-        if rows < 0 or cols < 0:
-            ck.fail(MANIFEST, f"grid block {name} has a negative size")
-        ck.csr(prefix, block.indptr, block.indices, rows, cols)
-        for k, v in block.values.items():
-            ck.finite(f"{prefix}values_{k}.npy",
-                      ck.array(f"{prefix}values_{k}.npy", v, (block.indices.shape[0],), "float"))
-
-
-def validate_rows(folder: str, meta: dict, rows: dict) -> None:
-    """Node rows of the grid folder (a slice): features finite, labels and ids in range."""
-    ck = Checker(folder)
-    ck.finite("x.npy", rows["x"], "feature")
-    ck.in_range("y.npy", rows["y"], 0, int(meta["num_classes"]), "label")
-    ck.in_range("order.npy", rows["global_ids"], 0, int(meta["n"]), "vertex id")

@@ -17,13 +17,16 @@ Layout of ``OUT`` after ``write_shards(graph, partition, OUT)`` (format_version 
         send_local.npy            int64              local ids to send, grouped by destination,
                                                      each group in the receiver's halo order
         x.npy y.npy train_mask.npy val_mask.npy test_mask.npy   owned rows
-        grid/<orientation>/       with a grid: see :mod:`gnnpar.partitioners.grid`
-    OUT/grid/                     with a grid: order.npy and node data in grid order
 
 ``meta.json`` holds ``format_version``, ``run_id``, ``fingerprint`` (``Graph.fingerprint()``),
 ``method``, ``parts``, ``seed``, ``balance``, ``imbalance``, ``n``, ``m``, ``nnz``,
-``num_features``, ``num_classes``, ``sizes``, ``norms``, ``grid`` and what :func:`reassemble`
+``num_features``, ``num_classes``, ``sizes``, ``norms`` and what :func:`reassemble`
 needs to rebuild the graph (``weighted``, dtypes, ``canonical_csr``).
+
+Grid blocks: earlier versions could also write 2D/3D blocks (``part-*/grid/``, ``OUT/grid/``,
+``gnnpar-partition --grid``). No kernel read them (the 2D/3D kernels cut their blocks from these
+shards at setup, in the layout the run picks), so they are no longer written; in an older folder
+they are ignored on load and removed by a rewrite.
 
 Consistency: for ranks q != r, ``halo_ids`` of q restricted to owner r equals
 ``global_ids[send_local[group q]]`` of r. Crash safety: folders are written as
@@ -58,17 +61,15 @@ import numpy as np
 from gnnpar.datasets import Graph, InputError
 
 from .csr_rows import is_canonical
-from .grid import LocalBlock
 from .partition import Partition
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards  # noqa: F401
-from .shard_check import Checker, validate_rows, validate_shard
+from .shard_check import validate_shard
 from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
                            TMP_FILE_RE, check_shard_folder, claim_shard_folder,  # noqa: F401
                            dataset_source)
 
 FORMAT_VERSION = 1
 _REL_RE = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.npy$")  # a file a manifest may name
-_CHUNK_ROWS = 1 << 18
 
 
 def part_dir(out_dir: str, rank: int) -> str:
@@ -109,10 +110,6 @@ def _shard_files(shard: Shard) -> dict:
              "send_local.npy": shard.send_local}
     files.update({f"values_{k}.npy": v for k, v in shard.values.items()})
     files.update({f"{name}.npy": getattr(shard, name) for name in NODE_ARRAYS})
-    for name, block in shard.grid_blocks.items():
-        files[f"{GRID_DIR}/{name}/indptr.npy"] = block.indptr
-        files[f"{GRID_DIR}/{name}/indices.npy"] = block.indices
-        files.update({f"{GRID_DIR}/{name}/values_{k}.npy": v for k, v in block.values.items()})
     return files
 
 
@@ -129,37 +126,13 @@ def _write_folder(final: str, arrays: dict, manifest: dict, manifest_name: str) 
     _move_into_place(tmp, final)
 
 
-def _write_grid_nodes(out_dir: str, graph: Graph, order: np.ndarray, run_id: str) -> None:
-    """OUT/grid/: order.npy and node arrays in grid order, filled in chunks of rows."""
-    final = os.path.join(out_dir, GRID_DIR)
-    tmp = f"{final}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    files = {}
-    _save(tmp, "order.npy", order, files)
-    for name in NODE_ARRAYS:
-        src = np.asarray(getattr(graph, name))
-        path = os.path.join(tmp, f"{name}.npy")
-        dst = np.lib.format.open_memmap(path, mode="w+", dtype=src.dtype, shape=src.shape)
-        for start in range(0, order.shape[0], _CHUNK_ROWS):
-            dst[start:start + _CHUNK_ROWS] = src[order[start:start + _CHUNK_ROWS]]
-        dst.flush()
-        del dst
-        files[f"{name}.npy"] = os.path.getsize(path)
-    with open(os.path.join(tmp, GRID_MANIFEST), "w") as f:
-        json.dump({"run_id": run_id, "files": files}, f, indent=1)
-    _move_into_place(tmp, final)
-
-
 def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn", "mean"),
-                 grid=None, progress=None, source=None, what: str = "shard folder") -> dict:
+                 progress=None, source=None, what: str = "shard folder") -> dict:
     """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
 
     Global arrays (S, its values, its transpose) are computed once; parts are then cut and
-    written one at a time, so only one part's arrays exist at once besides them. ``grid`` is a
-    :class:`GridSpec`, dims like ``(2, 2)`` or a string ``"2x2x2"``; its size must equal the
-    part count. ``progress(msg)`` is called before each long step. ``source``
+    written one at a time, so only one part's arrays exist at once besides them.
+    ``progress(msg)`` is called before each long step. ``source``
     (:func:`dataset_source`) is recorded in ``meta.json`` so readers can match a dataset spec
     cheaply. ``out_dir`` must pass :func:`check_shard_folder` (``what`` names it in messages).
     """
@@ -168,7 +141,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     check_shard_folder(out_dir, what)                        # before any work
     graph.validate()
     say("building the propagation structure and its values")
-    builder = ShardBuilder(graph, partition, norms, grid)   # checks everything before touching OUT
+    builder = ShardBuilder(graph, partition, norms)   # checks everything before touching OUT
     claim_shard_folder(out_dir, what)  # checked again: from here on every entry is gnnpar's
     meta_path = os.path.join(out_dir, META)
     if os.path.exists(meta_path):
@@ -181,19 +154,13 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     run_id = uuid.uuid4().hex
     fingerprint = graph.fingerprint()
     P = partition.num_parts
-    if builder.layout is not None:
-        say("writing node data in grid order")
-        _write_grid_nodes(out_dir, graph, builder.layout.order, run_id)
-    elif os.path.exists(os.path.join(out_dir, GRID_DIR)):
+    if os.path.exists(os.path.join(out_dir, GRID_DIR)):  # grid rows of an older gnnpar
         shutil.rmtree(os.path.join(out_dir, GRID_DIR))
     for rank in range(P):
         say(f"writing part {rank + 1}/{P}")
         shard = builder.build(rank)
         manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank,
-                    "n_local": shard.n_local, "n_halo": shard.n_halo, "nnz": shard.nnz,
-                    "grid_coords": list(shard.grid_coords) if shard.grid_coords else None,
-                    "grid_blocks": {name: {"row_range": list(b.row_range), "col_range": list(b.col_range)}
-                                    for name, b in shard.grid_blocks.items()}}
+                    "n_local": shard.n_local, "n_halo": shard.n_halo, "nnz": shard.nnz}
         _write_folder(part_dir(out_dir, rank), _shard_files(shard), manifest, MANIFEST)
         del shard
     for entry in os.listdir(out_dir):  # parts left over from an earlier write with more parts
@@ -208,7 +175,6 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         "n": graph.num_nodes, "m": graph.num_edges, "nnz": int(builder.indices.shape[0]),
         "num_features": graph.num_features, "num_classes": int(graph.num_classes),
         "sizes": [int(s) for s in partition.sizes], "norms": list(builder.norms),
-        "grid": builder.layout.to_json() if builder.layout is not None else None,
         "weighted": ew is not None,
         "edge_weight_dtype": np.asarray(ew).dtype.str if ew is not None else None,
         "canonical_csr": is_canonical(np.asarray(graph.indptr), np.asarray(graph.indices)),
@@ -292,17 +258,12 @@ def _load(folder: str, rel: str, mmap: bool):
                          "shards") from None
 
 
-def load_grid_rows(out_dir: str, start: int, stop: int, mmap: bool = True) -> dict:
-    """Node arrays (x, y, masks) and global ids of grid positions ``[start, stop)``."""
-    meta = read_meta(out_dir)
-    if meta.get("grid") is None:
-        raise InputError(f"the shards in {out_dir} were written without --grid")
-    folder = os.path.join(out_dir, GRID_DIR)
-    _check_folder(out_dir, folder, GRID_MANIFEST, meta["run_id"])
-    out = {name: _load(folder, f"{name}.npy", mmap)[start:stop] for name in NODE_ARRAYS}
-    out["global_ids"] = _load(folder, "order.npy", mmap)[start:stop]
-    validate_rows(folder, meta, out)
-    return out
+def load_grid_rows(out_dir: str, start: int = 0, stop: int = 0, mmap: bool = True) -> dict:
+    """Refused: grid blocks and grid-ordered rows are no longer written (no kernel read them;
+    the 2D/3D kernels cut their blocks from the shards at setup). Kept so that a caller of the
+    old API gets this message rather than an import error."""
+    raise InputError(f"grid rows are no longer written or read ({out_dir}): the 2D/3D kernels "
+                     "build their blocks from the per-rank shards at setup")
 
 
 def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap: bool = True) -> Shard:
@@ -330,35 +291,13 @@ def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap:
     if manifest.get("rank") != int(rank):
         raise InputError(f"{folder} holds rank {manifest.get('rank')}, not {rank}")
     arr = {rel[:-4]: _load(folder, rel, mmap) for rel in manifest["files"] if "/" not in rel}
-    blocks = {}
-    for name, info in (manifest.get("grid_blocks") or {}).items():
-        sub = f"{GRID_DIR}/{name}/"
-        try:
-            rows, cols = (tuple(int(v) for v in info[k]) for k in ("row_range", "col_range"))
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{os.path.join(folder, MANIFEST)}: grid block {name!r} has no valid "
-                             "row_range/col_range; rewrite the shards") from None
-        vals = {k: _load(folder, f"{sub}values_{k}.npy", mmap) for k in meta["norms"]}
-        blocks[name] = LocalBlock(name, rows, cols, _load(folder, f"{sub}indptr.npy", mmap),
-                                  _load(folder, f"{sub}indices.npy", mmap), vals)
-    validate_shard(folder, meta, manifest, arr, blocks)
-    grid_order = None
-    if meta.get("grid") is not None:
-        gfolder = os.path.join(out_dir, GRID_DIR)
-        _check_folder(out_dir, gfolder, GRID_MANIFEST, meta["run_id"])
-        grid_order = _load(gfolder, "order.npy", True)
-        ck = Checker(gfolder)
-        ck.in_range("order.npy", ck.array("order.npy", grid_order, (int(meta["n"]),), "int"),
-                    0, int(meta["n"]), "vertex id")
+    validate_shard(folder, meta, manifest, arr)
     return Shard(
         rank=int(rank), world_size=P, n_global=int(meta["n"]), num_classes=int(meta["num_classes"]),
         global_ids=arr["global_ids"], indptr=arr["indptr"], indices=arr["indices"],
         values={k: arr[f"values_{k}"] for k in meta["norms"]}, raw_weight=arr["raw_weight"],
         orig_edge=arr["orig_edge"], halo_ids=arr["halo_ids"], recv_counts=arr["recv_counts"],
-        send_counts=arr["send_counts"], send_local=arr["send_local"],
-        grid_blocks=blocks,
-        grid_coords=tuple(manifest["grid_coords"]) if manifest.get("grid_coords") else None,
-        grid_order=grid_order, meta=meta,
+        send_counts=arr["send_counts"], send_local=arr["send_local"], meta=meta,
         **{name: arr[name] for name in NODE_ARRAYS})
 
 

@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from gnnpar.datasets import InputError, load_dataset
+from gnnpar.datasets.normalize import union_structure
 from gnnpar.distributed import DistRuntime
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.blocks import nnz_balance
 from gnnpar.kernels.build import make_grid
-from gnnpar.partitioners import partition_graph, report
+from gnnpar.partitioners import balanced_owner, partition_graph, report
+from gnnpar.partitioners.grid import nnz_per_rank
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.spawn import spawn
 
@@ -79,6 +81,19 @@ def test_balanced_layout_is_balanced_and_the_old_one_is_not(algo):
     assert parts.max() > LIMIT, parts              # the test can fail: the old layout does
     assert helper_b == pytest.approx(balanced.max())   # the helper reports the worst orientation
     assert helper_p == pytest.approx(parts.max())
+
+
+def test_partition_report_counts_what_the_operators_hold():
+    """``gnnpar-partition --grid --report`` computes, on the whole graph, exactly the non-zeros
+    the built operators hold (2D, and every 3D orientation), in both layouts."""
+    g = load_dataset(RMAT)
+    indptr, indices, _ = union_structure(g)
+    part = partition_graph(g, 4, "metis", seed=0, balance="nodes")
+    for label, _, dims, kw in CASES:
+        owner = balanced_owner(g.num_nodes, 4, kw["seed"]) if kw["permute"] else part.owner
+        held = np.array([r[label][2] for r in nnz_results()])     # (ranks, orientations)
+        for k in range(held.shape[1]):
+            assert nnz_per_rank(indptr, indices, owner, dims, k).tolist() == held[:, k].tolist()
 
 
 def test_train_options_pick_the_balanced_layout():

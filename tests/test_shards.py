@@ -106,11 +106,10 @@ def test_more_parts_than_vertices_gives_empty_shards(tmp_path):
 
 # ------------------------------------------------------------------ round trip
 @pytest.mark.parametrize("name", list(GRAPHS))
-@pytest.mark.parametrize("grid", [None, (2, 2), (1, 2, 2)])
-def test_round_trip_is_exact(tmp_path, name, grid):
+def test_round_trip_is_exact(tmp_path, name):
     g = GRAPHS[name]()
     part = partition_graph(g, 4, "metis", seed=0)
-    meta = write_shards(g, part, tmp_path, norms=("gcn", "mean"), grid=grid)
+    meta = write_shards(g, part, tmp_path, norms=("gcn", "mean"))
     assert meta["fingerprint"] == g.fingerprint() and meta["parts"] == 4 and meta["canonical_csr"]
     back = reassemble(tmp_path)
     assert np.array_equal(back.indptr, g.indptr) and np.array_equal(back.indices, g.indices)
@@ -127,8 +126,8 @@ def test_round_trip_is_exact(tmp_path, name, grid):
 def test_loaded_shard_equals_built_shard_and_is_memory_mapped(tmp_path):
     g = looped_weighted_graph()
     part = partition_graph(g, 4, "metis", seed=0)
-    write_shards(g, part, tmp_path, grid=(2, 2))
-    built = build_shards(g, part, grid=(2, 2))
+    write_shards(g, part, tmp_path)
+    built = build_shards(g, part)
     for r in range(4):
         s = load_shard(tmp_path, r, world_size=4, fingerprint=g.fingerprint())
         assert isinstance(s.indices, np.memmap)
@@ -136,13 +135,9 @@ def test_loaded_shard_equals_built_shard_and_is_memory_mapped(tmp_path):
             assert np.array_equal(getattr(s, a), getattr(built[r], a)), a
         for k in ("gcn", "mean"):
             assert np.array_equal(s.values[k], built[r].values[k])
-        blk, ref = s.grid_blocks["rc"], built[r].grid_blocks["rc"]
-        assert blk.row_range == ref.row_range and blk.col_range == ref.col_range
-        assert np.array_equal(blk.indices, ref.indices) and np.array_equal(blk.values["gcn"], ref.values["gcn"])
-        assert s.grid_coords == divmod(r, 2)
-        rows = load_grid_rows(tmp_path, *blk.row_range)
-        assert np.array_equal(rows["x"], g.x[s.grid_order[blk.row_range[0]:blk.row_range[1]]])
-        assert np.array_equal(rows["global_ids"], s.grid_order[blk.row_range[0]:blk.row_range[1]])
+    assert not os.path.exists(os.path.join(tmp_path, "grid"))         # no grid blocks any more
+    with pytest.raises(InputError, match="no longer written"):
+        load_grid_rows(tmp_path)
 
 
 # ------------------------------------------------------------------ refusals, atomicity
@@ -239,8 +234,8 @@ def test_rewrite_with_fewer_parts_replaces_everything(written):
 
 def test_bad_arguments_leave_existing_shards_valid(written):
     g, part, d = written
-    with pytest.raises(InputError, match="must be equal"):
-        write_shards(g, part, d, grid=(2, 2))                            # 4 grid ranks, 3 parts
+    with pytest.raises(InputError, match="unknown normalisation"):
+        write_shards(g, part, d, norms=("gcn", "lap"))
     assert load_shard(d, 2, world_size=3).n_local == part.sizes[2]
 
 
@@ -273,8 +268,11 @@ def test_cli_writes_shards_and_reports(tmp_path):
     rep = json.loads(r.stdout)
     assert rep["parts"] == 4 and rep["method"] == "metis" and len(rep["halo"]) == 4
     meta = read_meta(out)
-    assert meta["parts"] == 4 and meta["grid"]["dims"] == [2, 2]
+    assert meta["parts"] == 4 and "grid" not in meta and not (out / "grid").exists()
     assert load_shard(out, 3, world_size=4).n_local == meta["sizes"][3]
+    g = rep["grid_nnz"]                        # --grid adds the kernels' non-zeros per rank
+    assert rep["grid"] == "2x2" and g["balanced"]["max_over_mean"] >= 1.0
+    assert g["parts"]["mean"] == pytest.approx(g["balanced"]["mean"])
 
 
 @pytest.mark.parametrize("args,needle", [
