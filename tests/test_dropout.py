@@ -1,12 +1,24 @@
-"""The cheap-mask dropout: right drop rate, unbiased, deterministic, exact gradient."""
+"""Dropout: right drop rate, unbiased, deterministic, exact gradient — on both CPU paths (the
+compiled one-pass kernel of kernels/cpu_dropout.py and the torch cheap-mask path) — and ReLU
+fused with it."""
 import pytest
 import torch
 
-from gnnpar.dropout import dropout
+from gnnpar.dropout import dropout, relu_dropout
+from gnnpar.kernels import cpu_dropout
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def path(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_dropout, "usable", lambda x: False)
+    elif not cpu_dropout.usable(torch.ones(1)):
+        pytest.skip("numba is not available")
+    return request.param
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.75])
-def test_rate_and_expectation(p):
+def test_rate_and_expectation(p, path):
     torch.manual_seed(0)
     x = torch.ones(400, 250)
     y = dropout(x, p)
@@ -14,9 +26,15 @@ def test_rate_and_expectation(p):
     assert abs(float(y.mean()) - 1.0) < 0.02
     kept = y[y != 0]
     torch.testing.assert_close(kept, torch.full_like(kept, 65536 / (65536 - round(p * 65536))))
+    # every position of the hash's four lanes drops at the same rate; neighbours independent
+    drops = (y == 0).float().view(-1)
+    for lane in range(4):
+        assert abs(float(drops[lane::4].mean()) - p) < 0.02
+    a, b = drops[:-1] - p, drops[1:] - p
+    assert abs(float((a * b).mean()) / (p * (1 - p))) < 0.02
 
 
-def test_deterministic_and_gradient():
+def test_deterministic_and_gradient(path):
     torch.manual_seed(3)
     a = dropout(torch.randn(50, 7), 0.5)
     torch.manual_seed(3)
@@ -28,8 +46,37 @@ def test_deterministic_and_gradient():
     torch.testing.assert_close(x.grad, (y != 0).float() * 2.0)
 
 
+def test_relu_dropout_is_dropout_of_relu(path):
+    torch.manual_seed(5)
+    x = torch.randn(300, 33, requires_grad=True)
+    y = relu_dropout(x, 0.5)
+    assert torch.all((y == 0) | (x > 0))
+    pos = y != 0
+    torch.testing.assert_close(y[pos], 2.0 * x.detach()[pos])
+    kept_of_positive = float(pos.sum()) / float((x > 0).sum())
+    assert abs(kept_of_positive - 0.5) < 0.03
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, torch.where(pos, 2.0 * g, torch.zeros_like(g)))
+    assert torch.equal(relu_dropout(x, 0.5, training=False), torch.relu(x))
+
+
+def test_compiled_mask_does_not_depend_on_threads():
+    if not cpu_dropout.usable(torch.ones(1)):
+        pytest.skip("numba is not available")
+    x = torch.randn(1000, 131)  # not a multiple of the chunk or of 4
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        torch.manual_seed(9)
+        outs.append(dropout(x, 0.3))
+    assert torch.equal(*outs)
+
+
 def test_identity_when_not_training_and_bad_p():
     x = torch.randn(5, 3)
     assert dropout(x, 0.5, training=False) is x
     with pytest.raises(ValueError, match="dropout probability"):
         dropout(x, 1.0)
+    with pytest.raises(ValueError, match="dropout probability"):
+        relu_dropout(x, 1.0)

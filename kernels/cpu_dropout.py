@@ -1,0 +1,98 @@
+"""Dropout (and ReLU before it) in one pass over the tensor, compiled by numba for CPUs.
+
+A training step applies ReLU then dropout to every hidden activation. Done by torch ops that is
+five passes over an (n, f) tensor and a stored mask (clamp, draw, compare, scale, multiply; the
+backward two more); here the forward is one pass and the backward one pass, and no mask is
+stored: element i is kept when a 16-bit lane of a hash of (seed, i // 4) is at least the drop
+threshold, so the backward recomputes the same decision from the seed.
+
+The hash is splitmix64's finaliser of ``seed + (i // 4)·φ`` (φ = 2⁶⁴/golden ratio), whose
+four 16-bit lanes decide four consecutive elements: a function of the seed and the element's
+position only, so the mask does not depend on the thread count. The drop probability is
+rounded to a multiple of 1/65536 (0.5 is exact) and the kept elements are scaled by the
+inverse of the rounded keep probability, so the expectation is exactly preserved (as in
+:mod:`gnnpar.dropout`'s torch path).
+
+Shapes: flat float32 arrays of equal length.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .cpu_spmm import _LOCK, available
+
+#: elements per parallel chunk (a multiple of 4: one hash serves four elements)
+CHUNK = 1 << 16
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    """``(numba, kernel)``, made on first use (see :mod:`kernels.cpu_spmm`)."""
+    import numba
+    from numba import njit, prange
+
+    @njit(inline="always")
+    def _factor(lane, c, drop_units, scale, relu):  # pragma: no cover - compiled
+        f = scale if lane >= drop_units else np.float32(0.0)
+        if relu and not c > np.float32(0.0):
+            f = np.float32(0.0)
+        return f
+
+    @njit(inline="always")
+    def _hash(seed, g):  # pragma: no cover - compiled
+        z = seed + np.uint64(g) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    @njit(parallel=True, cache=True, nogil=True)
+    def _masked_scale(src, cond, out, seed, drop_units, scale, relu):  # pragma: no cover
+        n = src.shape[0]
+        groups = n // 4
+        chunk = CHUNK // 4
+        m = np.uint64(0xFFFF)
+        for c in prange((groups + chunk - 1) // chunk):
+            for g in range(c * chunk, min(groups, (c + 1) * chunk)):
+                z = _hash(seed, g)
+                i = 4 * g
+                out[i] = src[i] * _factor(z & m, cond[i], drop_units, scale, relu)
+                out[i + 1] = src[i + 1] * _factor((z >> np.uint64(16)) & m, cond[i + 1],
+                                                  drop_units, scale, relu)
+                out[i + 2] = src[i + 2] * _factor((z >> np.uint64(32)) & m, cond[i + 2],
+                                                  drop_units, scale, relu)
+                out[i + 3] = src[i + 3] * _factor(z >> np.uint64(48), cond[i + 3],
+                                                  drop_units, scale, relu)
+        z = _hash(seed, groups)  # the last n % 4 elements
+        for k in range(n - 4 * groups):
+            i = 4 * groups + k
+            out[i] = src[i] * _factor((z >> np.uint64(16 * k)) & m, cond[i], drop_units,
+                                      scale, relu)
+    return numba, _masked_scale
+
+
+def usable(x: torch.Tensor) -> bool:
+    """Whether the compiled pass serves ``x`` (a float32 CPU tensor, numba available)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and available()
+
+
+def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: int,
+                 scale: float, relu: bool) -> torch.Tensor:
+    """``src·scale`` where the element is kept (and, with ``relu``, ``cond`` > 0), else 0.
+
+    Forward: ``src = cond = x``. Backward: ``src`` = the gradient, ``cond`` = the forward's
+    output (positive exactly where ReLU passed and dropout kept)."""
+    src = src.detach().contiguous()
+    cond = cond.detach().contiguous()
+    out = torch.empty_like(src)
+    if src.numel() == 0:
+        return out
+    numba, kernel = _compiled()
+    with _LOCK:
+        numba.set_num_threads(max(1, min(torch.get_num_threads(),
+                                         numba.config.NUMBA_NUM_THREADS)))
+        kernel(src.view(-1).numpy(), cond.view(-1).numpy(), out.view(-1).numpy(),
+               np.uint64(seed), np.uint64(drop_units), np.float32(scale), bool(relu))
+    return out
