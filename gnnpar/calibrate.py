@@ -6,6 +6,9 @@ the way an epoch uses them:
 - ``spmm_rate``: flop/s (2 × multiply-adds) of this project's local SpMM
   (:func:`gnnpar.kernels.cpu_spmm.csr_mm`) on a random sparse matrix with ~16 non-zeros a row;
 - ``dense_rate``: flop/s of a dense ``(n × f) @ (f × f)`` product (the layers' weights);
+- ``elementwise_rate``: a few epochs of one-process training of a small R-MAT graph
+  (:func:`gnnpar.trainer.fit` on :class:`gnnpar.serial.SerialRuntime`); what the two rates
+  above do not explain of its median epoch, per owned row × Σ layer widths;
 - ``latency`` and ``bandwidth``: two local ranks (:func:`gnnpar.spawn.spawn`, gloo) exchange
   by :meth:`gnnpar.kernels.comm.Comm.all_to_all` one small and one large message per rank;
   latency = the small exchange's seconds (one message each way), bandwidth = the large one's
@@ -28,13 +31,17 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from gnnpar.datasets import load_dataset
 from gnnpar.kernels.comm import Comm
-from gnnpar.kernels.cost_model import Machine
+from gnnpar.kernels.cost_model import Machine, Structure, epoch_work
 from gnnpar.kernels.cpu_spmm import csr_mm
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.kernels.local import csr_tensor
 
+from .models import GNN
+from .serial import SerialRuntime
 from .spawn import spawn
+from .trainer import TrainConfig, fit
 
 #: environment variable naming a calibration file (how ``gnnpar-train --algo auto`` reads
 #: ``--calibration``: the run settings carry no path, the launcher's plan reads this)
@@ -68,6 +75,26 @@ def dense_rate(rows: int = 1 << 14, f: int = 128, repeats: int = 5) -> float:
     """flop/s of a ``(rows × f) @ (f × f)`` product."""
     x, w = torch.randn(rows, f), torch.randn(f, f)
     return 2.0 * rows * f * f / _median_seconds(lambda: x @ w, repeats)
+
+
+def elementwise_rate(spmm: float, dense: float, scale: int = 12, hidden: int = 64,
+                     layers: int = 3, epochs: int = 4) -> dict:
+    """Row-features/s of the rest of an epoch: one-process GCN training on
+    ``rmat:scale=S,ef=8``; the median epoch (after the warm-up, before the evaluating last
+    one) minus the SpMM and dense time the rates ``spmm`` and ``dense`` give it (at least a
+    tenth of the epoch is left to the elementwise term, so the rate stays finite)."""
+    g = load_dataset(f"rmat:scale={scale},ef=8")
+    torch.manual_seed(0)
+    model = GNN("gcn", g.num_features, hidden, g.num_classes, layers, 0.5)
+    hist = fit(model, SerialRuntime(g, model.norm, "cpu"),
+               TrainConfig(epochs=epochs, eval_every=10 ** 9))
+    epoch = statistics.median(r["epoch_s"] for r in (hist[1:-1] or hist))
+    widths = [g.num_features] + [hidden] * (layers - 1) + [g.num_classes]
+    w = epoch_work(Structure.from_graph(g, np.zeros(g.num_nodes, np.int64), 1), "1d", "gcn",
+                   widths)
+    rest = max(epoch - w["spmm_flops"][0] / spmm - w["dense_flops"][0] / dense, epoch / 10)
+    return {"elementwise_rate": float(w["elementwise"][0]) / rest, "epoch_s": epoch,
+            "rest_s": rest, "dataset": f"rmat:scale={scale},ef=8", "widths": widths}
 
 
 def _exchange_seconds(comm: Comm, numel: int, repeats: int) -> float:
@@ -107,15 +134,16 @@ def calibrate(threads: int = 1, quick: bool = False) -> dict:
         scale = 4 if quick else 1
         s = spmm_rate(rows=(1 << 15) // scale)
         d = dense_rate(rows=(1 << 14) // scale)
+        rest = elementwise_rate(s, d, scale=10 if quick else 12, epochs=4)
     finally:
         torch.set_num_threads(old)
     link = link_rates(large=(1 << 21) // scale, repeats=5 if quick else 9)
     machine = Machine(bandwidth=link["bandwidth"], latency=link["latency"], spmm_rate=s,
-                      dense_rate=d)
+                      dense_rate=d, elementwise_rate=rest["elementwise_rate"])
     return {**machine.to_dict(), "threads": threads, "host": platform.node(),
             "cpus": os.cpu_count(), "torch": torch.__version__,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "probe_s": round(time.perf_counter() - t0, 3), "link": link}
+            "probe_s": round(time.perf_counter() - t0, 3), "link": link, "epoch": rest}
 
 
 def save(record: dict, path: str) -> None:

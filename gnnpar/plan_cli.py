@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "model every rank exactly (default: average-rank estimate)")
     p.add_argument("--seed", type=int, default=0, help="partitioner seed (with --partitioner)")
     p.add_argument("--calibrate", action="store_true",
-                   help="probe this machine (a few seconds: SpMM and dense rates, latency and "
-                        f"bandwidth of 2 local gloo ranks) and write the figures to --calibration "
+                   help="probe this machine (a few seconds: SpMM, dense and elementwise rates, "
+                        f"latency and bandwidth of 2 local gloo ranks) and write the figures to --calibration "
                         f"(default {DEFAULT_PATH})")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process while calibrating (1: one thread per rank)")
@@ -173,7 +173,8 @@ def run_calibrate(args) -> int:
     save(record, path)
     print(f"wrote {path}: bandwidth {record['bandwidth'] / 1e9:.3g} GB/s, latency "
           f"{record['latency'] * 1e6:.3g} us, SpMM {record['spmm_rate'] / 1e9:.3g} GFLOP/s, "
-          f"dense {record['dense_rate'] / 1e9:.3g} GFLOP/s ({args.threads} thread(s), "
+          f"dense {record['dense_rate'] / 1e9:.3g} GFLOP/s, elementwise "
+          f"{record['elementwise_rate'] / 1e9:.3g} G row-features/s ({args.threads} thread(s), "
           f"probe {record['probe_s']:.1f} s)")
     return 0
 

@@ -26,10 +26,13 @@ estimate is the average rank of even blocks, whose busiest rank is the average o
 
 Time model (:class:`Machine`, every field settable, or calibrated on the machine at hand by
 ``gnnpar-plan --calibrate``, :mod:`gnnpar.calibrate`): epoch seconds ≈
-max over ranks of (SpMM multiply-adds × 2 / ``spmm_rate`` + dense flops / ``dense_rate``)
-+ max over ranks of (``latency`` × messages + padded bytes / ``bandwidth``), no overlap
-assumed. Defaults (documented in the fields) are a 2020s GPU cluster: 25 GB/s per rank, 5 µs
-per message, 2e11 sparse and 5e13 dense flop/s.
+max over ranks of (SpMM multiply-adds × 2 / ``spmm_rate`` + dense flops / ``dense_rate`` +
+owned rows × Σ widths / ``elementwise_rate``) + max over ranks of (``latency`` × messages +
+padded bytes / ``bandwidth``), no overlap assumed. The elementwise term is everything else an
+epoch does per row and feature (bias, activation, dropout, loss, their backward, zeroing
+gradients): on a CPU it is most of a small model's epoch. Defaults (documented in the fields)
+are a 2020s GPU cluster: 25 GB/s per rank, 5 µs per message, 2e11 sparse and 5e13 dense
+flop/s, 1e11 row-features/s.
 
 Each algorithm's formulas are the ``cost`` of its registry entry (at the end of its
 ``kernels/spmm_*.py``, written with :mod:`gnnpar.kernels.cost_terms`); this module only sums
@@ -112,18 +115,6 @@ def _padding_1d(s: Structure, dims, variant):
     return gather_padding(s.sizes, group), reduce_padding(s.sizes, group)
 
 
-def _padding_15d(s: Structure, c, variant):
-    """Reduce-scatter over ``replica`` forward, all-gather over it backward; ``bcast`` also
-    reduce-scatters the stage blocks over ``row`` (chunk |R_j| on the holder, 0 elsewhere)."""
-    q = np.arange(s.p)
-    i, k = q // c, q % c
-    fwd, bwd = reduce_padding(s.sizes, i), gather_padding(s.sizes, i)
-    if variant == "bcast":
-        R = np.bincount(i, weights=s.sizes, minlength=s.p // c).astype(np.int64)
-        bwd = bwd + reduce_padding(np.where(k == i % c, R[i], 0), k)
-    return fwd, bwd
-
-
 def _padding_2d(s: Structure, dims, variant):
     """``bcast``: gather over ``row`` (the ranks of column j) and reduce-scatter over ``col``
     (those of row i) forward, the reverse backward; ``halo`` moves by all-to-all (no padding)."""
@@ -134,6 +125,11 @@ def _padding_2d(s: Structure, dims, variant):
     i, j = q // pc, q % pc
     return (gather_padding(s.sizes, j) + reduce_padding(s.sizes, i),
             gather_padding(s.sizes, i) + reduce_padding(s.sizes, j))
+
+
+def _padding_15d(s: Structure, c, variant):
+    """1.5d is the 2d block product on the (p/c) × c grid (``replica`` as the column axis)."""
+    return _padding_2d(s, (s.p // int(c), int(c)), variant)
 
 
 _PADDING = {"1d": _padding_1d, "1.5d": _padding_15d, "2d": _padding_2d}
@@ -171,7 +167,7 @@ def _cube_work(s: Structure, dims, variant, layers, rotate):
 
 
 _WORK = {"1d": _owned_rows_work, "1d-halo": _owned_rows_work,
-         "1.5d": _dest_work(lambda s, c: (s.owner[s.rows] // c) * c + (s.owner[s.cols] // c) % c),
+         "1.5d": _dest_work(lambda s, c: (s.owner[s.rows] // c) * c + s.owner[s.cols] % c),
          "2d": _dest_work(lambda s, d: (s.owner[s.rows] // d[1]) * d[1] + s.owner[s.cols] % d[1]),
          "3d": _cube_work, "4d": _cube_work}
 
@@ -179,15 +175,16 @@ _WORK = {"1d": _owned_rows_work, "1d-halo": _owned_rows_work,
 def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int], dims=None,
                variant: str = "halo", layers: int = 0, rotate: bool = True) -> Dict[str, np.ndarray]:
     """Per-rank ``spmm_flops`` (2 × multiply-adds of every SpMM of an epoch, backward ones
-    included) and ``dense_flops`` (each rank's own rows through every layer's weights:
-    forward, and the input and weight gradients)."""
+    included), ``dense_flops`` (each rank's own rows through every layer's weights: forward,
+    and the input and weight gradients) and ``elementwise`` (owned rows × Σ widths)."""
     own = _cost(algo).work
     work = (own or _WORK.get(algo, _owned_rows_work))(structure, dims, variant, layers, rotate)
     spmm = np.zeros(structure.p, np.float64)
     for l, (f, back) in enumerate(spmm_widths(kind, widths)):
         spmm += 2.0 * work(f, l) * (2 if back else 1)
     dense = 6.0 * structure.sizes * _dense_per_row(kind, widths)
-    return {"spmm_flops": spmm, "dense_flops": dense}
+    return {"spmm_flops": spmm, "dense_flops": dense,
+            "elementwise": structure.sizes * float(sum(widths))}
 
 
 def _dense_per_row(kind: str, widths: Sequence[int]) -> float:
@@ -224,12 +221,15 @@ class Machine:
     latency: seconds per message (default 5e-6).
     spmm_rate: sparse multiply-adds/s ×2, i.e. flop/s of SpMM (default 2e11, memory-bound).
     dense_rate: flop/s of the dense layers (default 5e13).
+    elementwise_rate: row-features/s of the rest of an epoch, counted as owned rows × the sum
+      of the layer widths (input and output included; default 1e11).
     """
 
     bandwidth: float = 25e9
     latency: float = 5e-6
     spmm_rate: float = 2e11
     dense_rate: float = 5e13
+    elementwise_rate: float = 1e11
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -278,7 +278,7 @@ def epoch_time(nbytes: float, msgs: float, n: int, m: int, p: int, kind: str,
     spmm = sum(2 * (m / p) * f * (2 if back else 1) for f, back in spmm_widths(kind, widths))
     dense = 6 * (n / p) * _dense_per_row(kind, widths)
     return (msgs * machine.latency + nbytes / machine.bandwidth + spmm / machine.spmm_rate
-            + dense / machine.dense_rate)
+            + dense / machine.dense_rate + (n / p) * sum(widths) / machine.elementwise_rate)
 
 
 def predict(structure: Structure, algo: str, kind: str, widths: Sequence[int], machine: Machine,
@@ -289,7 +289,8 @@ def predict(structure: Structure, algo: str, kind: str, widths: Sequence[int], m
     t = epoch_traffic(structure, algo, kind, widths, dims, variant, layers, rotate)
     w = epoch_work(structure, algo, kind, widths, dims, variant, layers, rotate)
     comm = machine.latency * t["messages"] + t["padded"] / machine.bandwidth
-    compute = w["spmm_flops"] / machine.spmm_rate + w["dense_flops"] / machine.dense_rate
+    compute = (w["spmm_flops"] / machine.spmm_rate + w["dense_flops"] / machine.dense_rate
+               + w["elementwise"] / machine.elementwise_rate)
     return {"bytes": int(t["padded"].max()), "bytes_mean": float(t["bytes"].mean()),
             "messages": int(t["messages"].max()), "compute_s": float(compute.max()),
             "comm_s": float(comm.max()), "time_s": float(compute.max() + comm.max())}

@@ -5,8 +5,9 @@
 
 Per algorithm: median epoch time, its compute/communication split, bytes sent per rank
 (mean and max) per epoch, and peak memory per rank (max), as a table and JSON lines. Ranks
-are local gloo processes (one thread each by default); the partition is METIS unless
-``--partitioner`` says otherwise.
+are local gloo processes (``--threads`` each, default one); the partition is METIS unless
+``--partitioner`` says otherwise. :func:`bench` (one algorithm at one world size) is what
+``scripts/bench_scaling.py`` sweeps.
 """
 from __future__ import annotations
 
@@ -52,6 +53,35 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
     return {"hist": hist, "peak": local_peak_bytes()}
 
 
+def grids_for(P: int) -> dict:
+    """The grid each algorithm runs on at P ranks (near-square 2d, near-cubic 3d)."""
+    return {"2d": "x".join(map(str, factor(P, 2))), "3d": "x".join(map(str, factor(P, 3))),
+            "4d": "x".join(map(str, [1] + factor(P, 3)))}
+
+
+def timed_epochs(hist):
+    """The epochs to time: after the warm-up (the first) and before the last, which also
+    evaluates (whatever is left when there are fewer than three)."""
+    return hist[1:-1] or hist[1:] or hist
+
+
+def bench(dataset, algo, P, grid, replication, partitioner, epochs, hidden, layers, seed,
+          threads=1, timeout_s=900):
+    """One algorithm on P local ranks of ``threads`` torch threads each: median epoch, compute
+    and (exposed) communication seconds, bytes per rank (mean, max), peak memory (max)."""
+    from gnnpar.spawn import spawn
+    out = spawn(rank_run, P, args=(dataset, algo, grid, replication, partitioner, epochs, hidden,
+                                   layers, seed), timeout_s=timeout_s, threads=threads)
+    hist = timed_epochs(out[0]["hist"])
+    return {"algo": algo, "world_size": P, "threads": threads, "grid": grid or str(P),
+            "epoch_s": statistics.median(r["epoch_s"] for r in hist),
+            "compute_s": statistics.median(r["compute_s"] for r in hist),
+            "comm_s": statistics.median(r["comm_s"] for r in hist),
+            "bytes_per_rank_mean": hist[-1]["comm_bytes"] / P,
+            "bytes_per_rank_max": hist[-1]["comm_bytes_max_rank"],
+            "peak_mem_bytes_max": max(o["peak"] for o in out)}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -64,11 +94,10 @@ def main():
     p.add_argument("--hidden", type=int, default=128, help="hidden width")
     p.add_argument("--layers", type=int, default=3, help="GCN layers")
     p.add_argument("--seed", type=int, default=0, help="seed")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     args = p.parse_args()
-    from gnnpar.spawn import spawn
     P = args.nprocs
-    grids = {"2d": "x".join(map(str, factor(P, 2))), "3d": "x".join(map(str, factor(P, 3))),
-             "4d": "x".join(map(str, [1] + factor(P, 3)))}
+    grids = grids_for(P)
     rows = []
     for algo in filter(None, args.algos.split(",")):
         if algo == "1.5d" and P % args.replication:
@@ -76,20 +105,12 @@ def main():
             continue
         print(f"running {algo} on {P} ranks ...", file=sys.stderr, flush=True)
         try:
-            out = spawn(rank_run, P, args=(args.dataset, algo, grids.get(algo), args.replication,
-                                           args.partitioner, args.epochs, args.hidden,
-                                           args.layers, args.seed), timeout_s=900)
+            row = bench(args.dataset, algo, P, grids.get(algo), args.replication,
+                        args.partitioner, args.epochs, args.hidden, args.layers, args.seed,
+                        args.threads)
         except Exception as e:  # report and go on with the other algorithms
             print(f"  {algo} failed: {str(e).splitlines()[0]}", file=sys.stderr)
             continue
-        hist = out[0]["hist"][1:] or out[0]["hist"]
-        row = {"algo": algo, "world_size": P, "grid": grids.get(algo, str(P)),
-               "epoch_s": statistics.median(r["epoch_s"] for r in hist),
-               "compute_s": statistics.median(r["compute_s"] for r in hist),
-               "comm_s": statistics.median(r["comm_s"] for r in hist),
-               "bytes_per_rank_mean": hist[-1]["comm_bytes"] / P,
-               "bytes_per_rank_max": hist[-1]["comm_bytes_max_rank"],
-               "peak_mem_bytes_max": max(o["peak"] for o in out)}
         rows.append(row)
         print(json.dumps({"dataset": args.dataset, **row}), flush=True)
     print(f"\n{'algo':<8} {'grid':<6} {'epoch s':>8} {'compute':>8} {'comm':>8} "

@@ -50,7 +50,8 @@ def test_auto_picks_and_trains(tmp_path):
     assert final["algo"] in ("1d", "1d-halo", "1.5d", "2d", "3d") and final["world_size"] == 2
 
 
-SLOW = {"bandwidth": 1e6, "latency": 1e-2, "spmm_rate": 1e8, "dense_rate": 1e9}
+SLOW = {"bandwidth": 1e6, "latency": 1e-2, "spmm_rate": 1e8, "dense_rate": 1e9,
+        "elementwise_rate": 1e8}
 PAPERS = ["--nodes", "111059956", "--edges", "1615685872", "--features", "128", "--classes",
           "172", "--world", "64", "--json"]
 
@@ -104,7 +105,7 @@ def test_auto_reads_the_calibration_through_the_environment(tmp_path, monkeypatc
 
 def test_calibrate_probe_writes_a_usable_file(tmp_path, capsys):
     record = calibrate(quick=True)
-    for key in ("bandwidth", "latency", "spmm_rate", "dense_rate"):
+    for key in ("bandwidth", "latency", "spmm_rate", "dense_rate", "elementwise_rate"):
         assert record[key] > 0
     assert record["latency"] < 1.0 and record["spmm_rate"] < record["dense_rate"] * 100
     path = tmp_path / "cal.json"
