@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_fullbatc
 
 from bench_fullbatch import bench, grids_for  # noqa: E402
 
-from gnnpar.calibrate import calibrate, dense_rate, spmm_rate  # noqa: E402
+from gnnpar.calibrate import calibrate, dense_rate, elementwise_rate, spmm_rate  # noqa: E402
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.kernels.cost_model import Machine, Structure, predict  # noqa: E402
 from gnnpar.kernels.grid import parse_grid  # noqa: E402
@@ -84,14 +84,18 @@ def machines(args, cores: int):
     else:
         print("calibrating (a few seconds) ...", file=sys.stderr, flush=True)
         one = Machine.from_dict(calibrate(threads=1))
+    if cores == 1:
+        return {1: one}
     import torch
     old = torch.get_num_threads()
     torch.set_num_threads(cores)
     try:
-        every = dataclasses.replace(one, spmm_rate=spmm_rate(), dense_rate=dense_rate())
+        s, d = spmm_rate(), dense_rate()
+        rest = elementwise_rate(s, d)["elementwise_rate"]
     finally:
         torch.set_num_threads(old)
-    return {1: one, cores: every}
+    return {1: one, cores: dataclasses.replace(one, spmm_rate=s, dense_rate=d,
+                                               elementwise_rate=rest)}
 
 
 def table(rows) -> str:
