@@ -8,7 +8,8 @@ replicas of block j: replica k of every row block runs stage j on C_kj = the row
 owns, with (j, k) as its root. So the roots rotate: in the layer of ranks (·, k) each member is
 the root of exactly one stage (its own rows), and every replica sends 1/c of each stage's data.
 Rank (i, k) stores Â_ik = Â[R_i, C_k], C_k = ∪_j C_kj (≈ m/p non-zeros; every non-zero sits
-on one rank, so Â is not replicated — c times less memory than CAGNET's 1.5D, same traffic).
+on one rank: Â is not replicated, c times less memory than a 1.5D that copies Â's block row
+to its c replicas).
 
 Forward   stages: H_{C_k} = the p/c broadcasts over ``row``, one rooted at each member — one
           all-gather of the owned rows (variant ``bcast``), or one all-to-all of only the rows
@@ -27,14 +28,17 @@ plans), never more than ``bcast``.
 
 Why not one holder per row block (the schedule this replaces): it assembled R_j whole at one
 replica, which broadcast it to the other p/c − 1 ranks of its layer, so that rank sent
-(p/c − 1)·|R_j|·f ≈ nf per SpMM, like 1D, while its layer's other ranks sent nothing (at p = 8,
-c = 2 on a dense random graph its busiest rank sent 0.77 of 1D's busiest rank's bytes, now
-0.57 = 4/7; ``tests/test_15d_balance.py``).
+(p/c − 1)·|R_j|·f ≈ nf per SpMM, like 1D, while its layer's other ranks sent nothing. Busiest
+rank's bytes, forward + backward: at p = 8, c = 2 on a dense random graph 0.78 of 1D's busiest
+rank's, now 0.58 (4/7 with equal parts; ``tests/test_15d_balance.py``); a 3-layer GCN step
+(hidden 128) on ``rmat:scale=12,ef=16`` under METIS at p = 8, c = 2: 5.95 MB (``bcast``) and
+3.36 MB (``halo``, more than ``1d-halo``'s 2.76 MB), now 4.18 and 1.98 MB.
 
 On its grid this is the A-stationary product of :mod:`spmm_2d` with ``replica`` as the axis of
 the partial sums, and it is built by the same code (:func:`spmm_2d.build_block_op`):
 ``--algo 1.5d --replication c`` moves what ``--algo 2d --grid (p/c)x c`` moves over the same
-blocks. What 1.5D names is the choice of grid: c replicas per row block, with c chosen small
+blocks (``gnnpar-train`` gives 2d the balanced block layout, :func:`blocks.layout_options`;
+1.5d keeps the shards' parts unless built with ``permute=True``). What 1.5D names is the choice of grid: c replicas per row block, with c chosen small
 (c² ≪ p) so that the p/c-member stages carry the traffic.
 
 Shapes: h, Z (n_me, f); Â_ik (|R_i|, |C_k|) (halo: own rows first, then the touched remote
