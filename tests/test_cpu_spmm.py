@@ -1,5 +1,6 @@
 """The compiled CPU SpMM (kernels/cpu_spmm.py) against torch.sparse.mm: the same numbers on
-random, power-law, empty-row, single-row and empty matrices, forward and backward."""
+random, power-law, empty-row, single-row and empty matrices, forward and backward; bf16 input
+gives the fp32 product of the widened input, rounded once."""
 import numpy as np
 import pytest
 import torch
@@ -85,3 +86,43 @@ def test_row_blocks_balance_non_zeros():
     per = np.diff(indptr[b])
     assert per.max() <= 1000 and len(b) >= 3  # the heavy row alone, the rest split
     assert row_blocks(np.zeros(1, np.int64), 4).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("name,A", list(_cases()), ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("f", [1, 7, 130])
+def test_bf16_input_gives_the_rounded_fp32_sum(name, A, f):
+    """bf16 H is read at its own width and summed in fp32 in torch's order: the bits of the
+    fp32 product of the widened H, rounded once to nearest even (as torch rounds)."""
+    hb = torch.randn(A.shape[1], f).bfloat16()
+    ref = (torch.sparse.mm(A, hb.float()) if A.shape[0] else torch.zeros(0, f)).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            z = csr_mm(A, hb)
+            assert z.dtype == torch.bfloat16 and torch.equal(z, ref), (name, threads)
+            out = torch.full_like(ref, 7.0)
+            assert csr_mm(A, hb, out) is out and torch.equal(out, ref)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bf16_rounding_ties_overflow_and_nan():
+    A = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]).to_sparse_csr()
+    big = torch.finfo(torch.bfloat16).max
+    # row 0: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (to even: 1), 2·max overflows to inf,
+    # NaN + 1 stays NaN; rows 1-2 pass values through unchanged
+    h = torch.tensor([[1.0, big, float("nan")], [2.0 ** -8, big, 1.0]]).bfloat16()
+    z = csr_mm(A, h)
+    assert z[0, 0] == 1.0 and torch.isinf(z[0, 1]) and torch.isnan(z[0, 2])
+    torch.testing.assert_close(z, torch.sparse.mm(A, h.float()).bfloat16(), rtol=0, atol=0,
+                               equal_nan=True)
+    torch.testing.assert_close(z[1:], h, rtol=0, atol=0, equal_nan=True)
+
+
+def test_bf16_int32_indices_and_non_contiguous_input():
+    A = _random_csr(30, 20, 0.3, 4)
+    A32 = torch.sparse_csr_tensor(A.crow_indices().int(), A.col_indices().int(), A.values(),
+                                  A.shape)
+    h = torch.randn(8, 20).bfloat16().t()  # (20, 8) view, not contiguous
+    assert torch.equal(csr_mm(A32, h), torch.sparse.mm(A, h.float()).bfloat16())
