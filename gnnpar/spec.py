@@ -73,6 +73,7 @@ class RunSpec:
     mem_cap: Optional[str] = None
     bandwidth: Optional[float] = None
     latency: Optional[float] = None
+    calibration: Optional[str] = None
     timeout: float = 300.0
     # mini batch
     mode: str = "fullbatch"

@@ -7,6 +7,7 @@ options, no mini-batch group rule and no cost-model entry (so ``--algo auto`` sk
 """
 import torch
 
+from gnnpar.kernels.comm import Pending
 from gnnpar.kernels.entry import Algorithm
 from gnnpar.kernels.spmm_1d import AXIS, Op1D, partition_order, row_axis
 
@@ -19,7 +20,8 @@ class OpRing(Op1D):
         blocks = [self.comm.broadcast(h.contiguous() if q == me else h.new_empty((n_q, f)),
                                       q, AXIS)
                   for q, n_q in enumerate(self.sizes)]
-        return torch.sparse.mm(self.A, torch.cat(blocks, dim=0))
+        # Op1D's own columns times h, plus the rest times the stacked blocks (nothing in flight)
+        return self.split.forward(h, Pending.ready(torch.cat(blocks, dim=0)))
 
 
 def build_ring(shard, comm, norm: str, device=None) -> OpRing:
