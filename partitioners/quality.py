@@ -99,7 +99,7 @@ def format_report(rep: dict) -> str:
         f"edge cut: {rep['edge_cut']:,} ({100 * rep['edge_cut_fraction']:.2f}% of off-diagonal non-zeros)",
         f"balance (max/mean): vertices {rep['vertex_balance']:.3f}, edges {rep['edge_balance']:.3f}"
         f" (part sizes {rep['sizes_min']:,}..{rep['sizes_max']:,})",
-        f"busiest part: {rep['nodes_max']:,} nodes ({rep['vertex_balance']:.2f}x the mean "
+        f"max per part: {rep['nodes_max']:,} nodes ({rep['vertex_balance']:.2f}x the mean "
         f"{rep['nodes_mean']:,.0f}: features, dense layers), {rep['nnz_max']:,} non-zeros of A'+I "
         f"({rep['edge_balance']:.2f}x the mean {rep['nnz_mean']:,.0f}: local SpMM work)",
         f"halo rows: total {rep['halo_total']:,}, max per part {rep['halo_max']:,}",
