@@ -75,6 +75,7 @@ def bench(dataset, algo, P, grid, replication, partitioner, epochs, hidden, laye
     hist = timed_epochs(out[0]["hist"])
     return {"algo": algo, "world_size": P, "threads": threads, "grid": grid or str(P),
             "epoch_s": statistics.median(r["epoch_s"] for r in hist),
+            "epoch_min_s": min(r["epoch_s"] for r in hist),
             "compute_s": statistics.median(r["compute_s"] for r in hist),
             "comm_s": statistics.median(r["comm_s"] for r in hist),
             "bytes_per_rank_mean": hist[-1]["comm_bytes"] / P,

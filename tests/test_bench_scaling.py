@@ -33,4 +33,4 @@ def test_sweep_runs_and_predicts(tmp_path):
         assert r["predicted_s"] == r["predicted_compute_s"] + r["predicted_comm_s"] > 0
     two = rows[1:]
     assert all(r["bytes_max_rank"] > 0 and r["predicted_comm_s"] > 0 for r in two)
-    assert "pred/meas" in res.stdout and "1d-halo" in res.stdout
+    assert "pred/min" in res.stdout and "1d-halo" in res.stdout
