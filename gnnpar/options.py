@@ -11,6 +11,7 @@ from gnnpar.datasets.limits import check_memory
 from gnnpar.datasets.owned import check_writable_folder
 from gnnpar.datasets.reorder import ORDERS
 from gnnpar.kernels.algorithms import ALGORITHMS
+from gnnpar.kernels.blocks import BLOCK_LAYOUTS
 from gnnpar.kernels.entry import LAYOUT_FLAGS
 
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
@@ -110,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--comm-dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="wire format of the SpMM's feature and gradient exchanges (summed in "
                         "fp32; the weights' gradient all-reduce stays fp32); default fp32")
+    g.add_argument("--block-layout", default="balanced", choices=BLOCK_LAYOUTS,
+                   help="2d/3d/4d row ownership: balanced = a seeded random balanced set, "
+                        "even non-zeros per rank under any partitioner; parts = the "
+                        "partition's own parts (default balanced)")
     g.add_argument("--variant", default=None, choices=("halo", "bcast"),
                    help="1.5d/2d data movement (default halo: only the rows a block touches)")
     add_model_args(g)
@@ -168,6 +173,9 @@ def check_args(args) -> None:
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError(f"--nprocs > 1 needs a distributed --algo ({', '.join(ALGORITHMS)})")
+    if args.block_layout != "balanced" and args.mode == "minibatch":
+        raise InputError("--block-layout sets the full-batch 2d/3d/4d row ownership; in "
+                         "--mode minibatch a group's blocks follow its sampled rows")
     if args.comm_dtype != "fp32" and args.algo == "serial":
         raise InputError(f"--comm-dtype {args.comm_dtype} sets the wire format of a distributed "
                          "SpMM's exchanges; --algo serial (one process, or mini-batch data "

@@ -20,6 +20,7 @@ import torch
 
 from gnnpar.datasets import Graph
 from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.kernels.blocks import nnz_balance
 from gnnpar.kernels.comm import WIRE_DTYPES
 
 from .distributed import DistRuntime
@@ -118,7 +119,9 @@ def _fullbatch(spec, rank, world, data, model, device, watchdog) -> Training:
                               WIRE_DTYPES[spec.comm_dtype], **entry.options(spec))
         if watchdog is not None:
             runtime.comm.on_phase = watchdog.set_phase
-        fields = {"algo": spec.algo, "world_size": world, "grid": grid}
+        top, mean = nnz_balance(runtime.comm, runtime.op)
+        fields = {"algo": spec.algo, "world_size": world, "grid": grid,
+                  "nnz_max_over_mean": top / max(mean, 1e-12)}
         desc = f"train[{spec.algo} x{world}]"
     return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
                                                           start, opt), fields, desc, grid)

@@ -69,6 +69,7 @@ class RunSpec:
     partition_dir: Optional[str] = None
     backend: str = "auto"
     variant: Optional[str] = None
+    block_layout: str = "balanced"
     comm_dtype: str = "fp32"
     mem_cap: Optional[str] = None
     bandwidth: Optional[float] = None

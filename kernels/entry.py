@@ -20,7 +20,7 @@ from .grid import ProcessGrid, group_view
 
 #: the ``gnnpar-train`` flags that describe an algorithm's layout; an entry's ``flags`` says
 #: which of them it reads (the others are refused with it).
-LAYOUT_FLAGS = ("grid", "replication", "variant")
+LAYOUT_FLAGS = ("grid", "replication", "variant", "block_layout")
 
 
 def _dims(dims) -> Optional[Tuple[int, ...]]:

@@ -46,6 +46,7 @@ class Op1D(DistOperator):
         lo = int(np.sum(self.sizes[:me]))
         self.split = ColumnSplit(indptr, indices, values, (self.num_dst, n), lo,
                                  lo + self.num_src, device=device)
+        self.local_nnz = int(len(indices))
 
     def forward_rows(self, h):
         blocks = self.comm.start_all_gather(h, AXIS, self.sizes)

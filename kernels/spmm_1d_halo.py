@@ -34,6 +34,7 @@ class Op1DHalo(DistOperator):
         self.num_dst = self.num_src = n = int(n_local)
         self.split = ColumnSplit(indptr, indices, values, (n, n + plan.num_halo), 0, n,
                                  rest_offset=n, device=device)
+        self.local_nnz = int(len(indices))
 
     def forward_rows(self, h):
         return self.split.forward(h, self.plan.start_gather(self.comm, h, AXIS))

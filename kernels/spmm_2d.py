@@ -233,6 +233,7 @@ def candidates_2d(p: int):
 
 
 SPMM_2D = Algorithm(
-    name="2d", axes=("row", "col"), shape=row_col, builder=build_2d, flags=("grid", "variant"),
+    name="2d", axes=("row", "col"), shape=row_col, builder=build_2d,
+    flags=("grid", "variant", "block_layout"),
     option_rule=options_2d, group=GroupRule(group_of_grid),
     cost=Cost(exact_2d, estimate_2d, candidates=candidates_2d))

@@ -319,6 +319,7 @@ def candidates_3d(p: int):
 
 
 SPMM_3D = Algorithm(
-    name="3d", axes=AXES3, shape=cube, builder=build_3d_ops, flags=("grid",),
+    name="3d", axes=AXES3, shape=cube, builder=build_3d_ops,
+    flags=("grid", "block_layout"),
     option_rule=options_3d, extra_combos=CUBE_PAIRS, group=GroupRule(group_of_grid),
     cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, candidates_3d))

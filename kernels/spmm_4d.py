@@ -61,7 +61,8 @@ def group_of_cubes(algo, world, group_size, dims, replication):
 #: full batch: 3d's counts (d = 1, the 3d group is the world); ``--algo auto`` ranks 3d
 #: instead, so 4d is not listed twice.
 SPMM_4D = Algorithm(
-    name="4d", axes=("data",) + AXES3, shape=data_cube, builder=build_4d_ops, flags=("grid",),
+    name="4d", axes=("data",) + AXES3, shape=data_cube, builder=build_4d_ops,
+    flags=("grid", "block_layout"),
     option_rule=options_3d, extra_combos=CUBE_PAIRS,
     group=GroupRule(group_of_cubes, {"full_batch": False}),
     cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d))

@@ -68,6 +68,9 @@ REFUSED = [
     # --comm-dtype: the wire of a distributed SpMM; serial and data-parallel runs have none
     (["--comm-dtype", "bf16"], "--comm-dtype"),
     ([*MB, "--nprocs", "2", "--comm-dtype", "fp16"], "--comm-dtype"),
+    # --block-layout: full-batch 2d/3d/4d only
+    (["--algo", "1d", "--nprocs", "2", "--block-layout", "parts"], "--block-layout"),
+    ([*MB, "--algo", "2d", "--grid", "1x2", "--block-layout", "parts"], "--block-layout"),
 ]
 
 
@@ -108,6 +111,7 @@ ACCEPTED = [
     ["--algo", "1d-halo", "--nprocs", "2", "--comm-dtype", "bf16"],
     [*MB, "--algo", "2d", "--grid", "1x2", "--comm-dtype", "fp16"],
     ["--comm-dtype", "fp32"],
+    ["--algo", "3d", "--nprocs", "2", "--grid", "1x1x2", "--block-layout", "parts"],
 ]
 
 

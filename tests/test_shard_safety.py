@@ -12,7 +12,7 @@ import pytest
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.owned import MARKER, read_claim
-from gnnpar.partitioners import load_grid_rows, load_shard, partition_graph, read_meta, write_shards
+from gnnpar.partitioners import load_shard, partition_graph, read_meta, write_shards
 from gnnpar.partitioners.shards import check_shard_folder, dataset_source, part_dir
 
 from .cli_util import ROOT
@@ -259,14 +259,6 @@ def test_load_validates_in_chunks(shards, monkeypatch):
     _poke(path, lambda a: a.__setitem__((n_local - 1, 0), np.nan))
     with pytest.raises(InputError, match=f"row {n_local - 1}"):
         load_shard(shards, 0)
-
-
-def test_grid_rows_are_validated(graph, tmp_path):
-    d = tmp_path / "g"
-    write_shards(graph, partition_graph(graph, 4, "block"), d, grid=(2, 2))
-    _poke(os.path.join(d, "grid", "y.npy"), lambda a: a.__setitem__(5, 99))
-    with pytest.raises(InputError, match="label 99"):
-        load_grid_rows(d, 0, 60)
 
 
 def test_train_with_a_nan_shard_exits_2(tmp_path):
