@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="binary cache folder: a second load of the same spec reads it")
     d.add_argument("--reorder", default="none", choices=ORDERS,
                    help="renumber the vertices once at load so neighbours sit near each other "
-                        "in memory (degree: hubs first; rcm: reverse Cuthill-McKee; partition: METIS "
-                        "clusters of ~8k rows, hubs first in each); the same "
+                        "in memory (degree: hubs first; rcm: reverse Cuthill-McKee; partition: "
+                        "METIS clusters of ~8k rows, hubs first in each); the same "
                         "graph, faster sparse products (default none)")
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")

@@ -112,7 +112,7 @@ class Op3D(DistOperator):
         """Â[R_x, C_y] from the Z group's row pieces (indptr shifted by the nnz before)."""
         ptr = self.comm.all_gather(piece[0], self.Z, self.indptr_sizes)
         idx = self.comm.all_gather(piece[1], self.Z, self.nnz_sizes)
-        val = self.comm.all_gather(piece[2], self.Z, self.nnz_sizes)
+        val = self.comm.all_gather(piece[2], self.Z, self.nnz_sizes, exact=True)  # Â values
         shift = np.concatenate([[0], np.cumsum(self.nnz_sizes)])
         crow = torch.cat([ptr[0][:1]] + [p[1:] + int(s) for p, s in zip(ptr, shift)])
         return torch.sparse_csr_tensor(crow, torch.cat(idx), torch.cat(val), check_invariants=False,
@@ -152,7 +152,7 @@ class Op3D(DistOperator):
                                                 self.xy_sizes_y))
         pieces = self.comm.all_gather(self.piece_t[0], self.Z, self.t_indptr_sizes)
         idx = self.comm.all_gather(self.piece_t[1], self.Z, self.nnz_sizes)
-        val = self.comm.all_gather(self.piece_t[2], self.Z, self.nnz_sizes)
+        val = self.comm.all_gather(self.piece_t[2], self.Z, self.nnz_sizes, exact=True)
         d = None
         for z in range(self.pz):
             rows = (self.C, self.row_bounds[z + 1] - self.row_bounds[z])

@@ -80,7 +80,8 @@ def test_low_precision_wire_halves_bytes_and_stays_close(wire_results, label):
         for name, tol in (("bf16", 1.5e-2), ("fp16", 3e-3)):
             low = res[label, name]
             for phase in ("forward", "backward"):
-                # 3d also gathers pieces of Â (values, exact) in these phases; the rest halves
+                # 3d also gathers pieces of Â (indices, and values kept exact) in these
+                # phases; its feature traffic halves
                 want = full["bytes"].get(phase, 0)
                 got = low["bytes"].get(phase, 0)
                 if label != "3d":
