@@ -129,8 +129,12 @@ def plot(rows, path: str) -> None:
     base = [r for r in rows if r["world_size"] == 1 and r["threads"] > 1]
     if base:
         a.axhline(base[0]["speedup_1x1"], ls="--", c="grey", label="1 rank, all threads")
-    a.set(xlabel="ranks (1 thread each)", ylabel="speedup over 1 rank x 1 thread", xscale="log")
-    b.set(xlabel="ranks", ylabel="communication share of the epoch (%)", xscale="log")
+    a.set(xlabel="ranks (1 thread each)", ylabel="speedup over 1 rank x 1 thread")
+    b.set(xlabel="ranks (1 thread each)", ylabel="communication share of the epoch (%)")
+    ranks = sorted({r["world_size"] for r in rows})
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(r) for r in ranks])
     a.legend()
     b.legend()
     fig.tight_layout()
