@@ -12,9 +12,11 @@ from gnnpar.models import GNN
 from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
                              NeighborSampler, SamplerConfig, SamplingStats, ServiceConfig,
                              Topology, batch_rng)
-from gnnpar.sampling.blocks import Relabeler
+from gnnpar.sampling import fast
+from gnnpar.sampling.blocks import Relabeler, assemble_block, assemble_block_numpy
 from gnnpar.sampling.cache import by_degree, by_presampling
-from gnnpar.sampling.choose import choose_positions, floyd_subsets
+from gnnpar.sampling.choose import choose_positions, draw_count, floyd_subsets
+from gnnpar.sampling.neighbor import sample_entries, sample_entries_numpy
 from gnnpar.serial import SerialRuntime
 
 from .graphs import random_graph
@@ -197,6 +199,44 @@ def test_relabeler_orders_and_cleans_up():
     src, local = big(np.array([5, 2]), np.array([999_999, 5, 7]))
     assert src.tolist() == [5, 2, 7, 999_999] and local.tolist() == [3, 0, 2]
     assert rl.union([np.array([4, 1]), np.array([1, 19])]).tolist() == [1, 4, 19]
+
+
+# ---------------------------------------------------------------- compiled kernels
+@pytest.mark.parametrize("graph,kind", [(GRAPH, "gcn"), (GRAPH, "mean"), (DIRECTED, "gcn")])
+@pytest.mark.parametrize("replace", [False, True])
+def test_compiled_sampling_equals_the_numpy_reference(graph, kind, replace):
+    """The numba kernels give the vectorised numpy path's arrays bit for bit: positions,
+    columns, scaled values, local numbering and block layout (self entries first)."""
+    assert fast.available()
+    topo = Topology.from_graph(graph, (kind,))
+    rng = np.random.default_rng(11)
+    n = graph.num_nodes
+    # repeated rows (a bulk layer stacks minibatches), rows without neighbours, hubs
+    rows = np.concatenate([rng.permutation(n)[:120], rng.integers(0, n, 40),
+                           np.flatnonzero(topo.degree == 0)[:3],
+                           np.argsort(topo.degree)[-5:]]).astype(np.int64)
+    relabelers = [Relabeler(n), Relabeler(n), Relabeler(10 ** 6)]  # table scan, sort of new ids
+    for fanout in (-1, 0, 1, 3, 8, 40):
+        u = (None if fanout < 0 else
+             rng.random((draw_count(topo.degree[rows], fanout, replace), fanout)))
+        got = sample_entries(topo, kind, rows, fanout, replace, u)
+        want = sample_entries_numpy(topo, kind, rows, fanout, replace, u)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and np.array_equal(g, w)
+        k, cols, vals = want
+        dst = rows[:120]  # a block's destinations are distinct
+        e = int(k[:120].sum())
+        args = (dst, k[:120], cols[:e], vals[:e], topo.self_values[kind][dst])
+        ref = assemble_block_numpy(*args, relabelers[0])
+        for rl in relabelers[1:]:
+            blk = assemble_block(*args, rl)
+            same_blocks([blk], [ref])
+            assert blk.num_sampled == ref.num_sampled and blk.indices.dtype == np.int64
+            assert np.all(rl.slot == -1)
+    if kind == "gcn":
+        assert np.any(topo.self_values[kind] != 0)  # the self-entry layout was exercised
+    with pytest.raises(ValueError, match="u must have shape"):
+        sample_entries(topo, kind, rows, 3, replace, np.zeros((1, 3)))
 
 
 # ---------------------------------------------------------------- determinism

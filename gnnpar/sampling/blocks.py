@@ -19,6 +19,7 @@ import numpy as np
 
 from gnnpar.kernels.local import SparseOperator
 
+from . import fast
 from .topology import index_dtype
 
 
@@ -149,8 +150,19 @@ def assemble_block(dst: np.ndarray, k: np.ndarray, cols: np.ndarray, vals: np.nd
 
     ``dst`` (R,) global ids; ``k`` (R,) entries kept per row; ``cols`` (E,) global ids and
     ``vals`` (E,) float32 grouped by row; ``self_vals`` (R,) Â_ii, stored first in each row
-    where non-zero.
+    where non-zero. Runs the compiled :func:`~gnnpar.sampling.fast.relabel_assemble` (the
+    same block as :func:`assemble_block_numpy`, the reference, in one pass over the edges).
     """
+    if fast.available():
+        src_ids, indptr, indices, values = fast.relabel_assemble(
+            relabel.slot, np.asarray(dst, np.int64), k, cols, vals, self_vals)
+        return Block(indptr, indices, values, src_ids, dst.shape[0], int(cols.shape[0]))
+    return assemble_block_numpy(dst, k, cols, vals, self_vals, relabel)
+
+
+def assemble_block_numpy(dst: np.ndarray, k: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                         self_vals: np.ndarray, relabel: Relabeler) -> Block:
+    """:func:`assemble_block` by vectorised numpy passes (the reference)."""
     src_ids, local = relabel(dst, cols)
     r = dst.shape[0]
     has_self = self_vals != 0

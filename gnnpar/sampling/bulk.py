@@ -29,7 +29,7 @@ import numpy as np
 
 from .blocks import Block, Relabeler, assemble_block
 from .choose import draw_count
-from .neighbor import SamplerConfig, check_seeds, draw_uniforms, sample_entries
+from .neighbor import SamplerConfig, check_seeds, sample_entries
 
 
 class BulkSampler:
@@ -71,8 +71,13 @@ class BulkSampler:
         """Each minibatch's draws from its own generator, concatenated in minibatch order."""
         if fanout < 0:
             return None
-        parts = [draw_uniforms(rng, draw_count(deg[row_cut[b]:row_cut[b + 1]], fanout,
-                                               self.cfg.replace), fanout)
-                 for b, rng in enumerate(rngs)]
-        return np.concatenate(parts) if parts else np.zeros((0, fanout))
+        counts = [draw_count(deg[row_cut[b]:row_cut[b + 1]], fanout, self.cfg.replace)
+                  for b in range(len(rngs))]
+        cut = np.cumsum([0] + counts)
+        u = np.empty((int(cut[-1]), fanout))
+        for b, rng in enumerate(rngs):
+            if counts[b] and fanout:
+                # the numbers rng.random((rows, fanout)) returns, written in place
+                rng.random(out=u[cut[b]:cut[b + 1]])
+        return u
 

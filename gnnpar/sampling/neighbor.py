@@ -31,6 +31,7 @@ import numpy as np
 
 from gnnpar.datasets import InputError
 
+from . import fast
 from .blocks import Block, Relabeler, assemble_block
 from .choose import choose_entries, choose_positions, draw_count
 
@@ -75,8 +76,25 @@ def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
     (one 1 per row, at column dst[r]) with the off-diagonal adjacency, restricted to the
     positions :func:`~gnnpar.sampling.choose.choose_entries` keeps; the other entries of Q·A
     are never touched. A partitioned topology asks the rows' owners through ``owners`` =
-    ``(comm, axes)`` (a collective).
+    ``(comm, axes)`` (a collective). A replicated one runs the compiled
+    :func:`~gnnpar.sampling.fast.sample_rows` (the same arrays as :func:`sample_entries_numpy`,
+    the reference, in one pass).
     """
+    if topo.replicated and fast.available():
+        if fanout > 0:
+            need = (draw_count(topo.degree[dst], fanout, replace), fanout)
+            if u is None or u.shape != need:
+                raise ValueError(f"u must have shape {need}, "
+                                 f"got {None if u is None else u.shape}")
+        return fast.sample_rows(topo.indptr, topo.entries["col"], topo.entries[kind],
+                                np.asarray(dst, np.int64), fanout, replace, u)
+    return sample_entries_numpy(topo, kind, dst, fanout, replace, u, owners)
+
+
+def sample_entries_numpy(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
+                         u: np.ndarray, owners=None):
+    """:func:`sample_entries` by vectorised numpy passes (partitioned topologies; the
+    reference the compiled kernel is tested against)."""
     deg = topo.degree[dst]
     if topo.replicated:
         k, entry = choose_entries(deg, topo.indptr[dst], fanout, replace, u)
