@@ -66,6 +66,7 @@ def _compiled():
             k[i] = ki
             total += ki
         pos = np.empty(total, np.int64)
+        one = np.uint64(1)
         e = 0
         drawn = 0
         for i in range(r):
@@ -79,15 +80,22 @@ def _compiled():
                     for s in range(fanout):
                         pos[e + s] = b + min(np.int64(u[drawn, s] * d), d - 1)
                 else:
-                    # Floyd: for j = d-k … d-1 keep t = ⌊u·(j+1)⌋ unless kept already, else j
+                    # Floyd: for j = d-k … d-1 keep t = ⌊u·(j+1)⌋ unless kept already, else j.
+                    # A 64-bit mask of the kept picks' low bits settles "already kept?" for
+                    # most draws; only a draw whose bit is set scans the earlier picks.
+                    mask = np.uint64(0)
                     for s in range(fanout):
                         j = d - fanout + s
-                        t = b + min(np.int64(u[drawn, s] * (j + 1.0)), j)
-                        for q in range(e, e + s):
-                            if pos[q] == t:
-                                t = b + j
-                                break
-                        pos[e + s] = t
+                        t = min(np.int64(u[drawn, s] * (j + 1.0)), j)
+                        bit = one << np.uint64(t & 63)
+                        if mask & bit:
+                            for q in range(e, e + s):
+                                if pos[q] == b + t:
+                                    t = j
+                                    bit = one << np.uint64(t & 63)
+                                    break
+                        mask |= bit
+                        pos[e + s] = b + t
                 e += fanout
                 drawn += 1
         cols = np.empty(total, col.dtype)
