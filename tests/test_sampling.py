@@ -202,13 +202,15 @@ def test_relabeler_orders_and_cleans_up():
 
 
 # ---------------------------------------------------------------- compiled kernels
-@pytest.mark.parametrize("graph,kind", [(GRAPH, "gcn"), (GRAPH, "mean"), (DIRECTED, "gcn")])
+@pytest.mark.parametrize("graph,kinds,kind", [
+    (GRAPH, ("gcn",), "gcn"), (GRAPH, ("mean",), "mean"), (DIRECTED, ("gcn",), "gcn"),
+    (GRAPH, ("gcn", "mean"), "mean")])  # the last: 12-byte records, the field-wise gather
 @pytest.mark.parametrize("replace", [False, True])
-def test_compiled_sampling_equals_the_numpy_reference(graph, kind, replace):
+def test_compiled_sampling_equals_the_numpy_reference(graph, kinds, kind, replace):
     """The numba kernels give the vectorised numpy path's arrays bit for bit: positions,
     columns, scaled values, local numbering and block layout (self entries first)."""
     assert fast.available()
-    topo = Topology.from_graph(graph, (kind,))
+    topo = Topology.from_graph(graph, kinds)
     rng = np.random.default_rng(11)
     n = graph.num_nodes
     # repeated rows (a bulk layer stacks minibatches), rows without neighbours, hubs

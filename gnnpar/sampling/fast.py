@@ -46,11 +46,10 @@ def _compiled():
     from numba import njit
 
     @njit(cache=True, nogil=True)
-    def _sample_rows(indptr, col, val, rows, fanout, replace, u):  # pragma: no cover
-        # Three passes, so that no branch waits on a cache miss: the rows' offsets
-        # (independent random reads, many in flight), the kept positions (sequential data
-        # only), then the gather, whose addresses are all known up front. A kept entry's
-        # column and value share one record: both are read in the same step, one miss.
+    def _positions(indptr, rows, fanout, replace, u):  # pragma: no cover
+        # Two passes, so that no branch waits on a cache miss: the rows' offsets
+        # (independent random reads, many in flight), then the kept positions (sequential
+        # data only). The gather that follows knows all its addresses up front.
         r = rows.shape[0]
         base = np.empty(r, np.int64)
         deg = np.empty(r, np.int64)
@@ -98,17 +97,41 @@ def _compiled():
                         pos[e + s] = b + t
                 e += fanout
                 drawn += 1
+        return k, deg, pos
+
+    @njit(cache=True, nogil=True)
+    def _gather_packed(records, pos):  # pragma: no cover
+        # records: (col int32, value float32) packed in one little-endian uint64 each
+        total = pos.shape[0]
+        cols = np.empty(total, np.int32)
+        vals = np.empty(total, np.float32)
+        bits = vals.view(np.uint32)
+        for q in range(total):
+            rec = records[pos[q]]
+            cols[q] = np.int32(rec & np.uint64(0xFFFFFFFF))
+            bits[q] = np.uint32(rec >> np.uint64(32))
+        return cols, vals
+
+    @njit(cache=True, nogil=True)
+    def _gather(col, val, pos):  # pragma: no cover
+        total = pos.shape[0]
         cols = np.empty(total, col.dtype)
         vals = np.empty(total, np.float32)
+        for q in range(total):
+            p = pos[q]
+            cols[q] = col[p]
+            vals[q] = val[p]
+        return cols, vals
+
+    @njit(cache=True, nogil=True)
+    def _scale(vals, k, deg):  # pragma: no cover
         e = 0
-        for i in range(r):
-            f = np.float32(1.0) if fanout < 0 or k[i] == 0 else np.float32(deg[i] / k[i])
-            for q in range(e, e + k[i]):
-                p = pos[q]
-                cols[q] = col[p]
-                vals[q] = val[p] * f
+        for i in range(k.shape[0]):
+            if k[i] != deg[i] and k[i] > 0:  # d/k = 1 leaves the value as it is
+                f = np.float32(deg[i] / k[i])
+                for q in range(e, e + k[i]):
+                    vals[q] = vals[q] * f
             e += k[i]
-        return k, cols, vals
 
     @njit(cache=True, nogil=True)
     def _relabel_assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma: no cover
@@ -168,18 +191,30 @@ def _compiled():
             slot[fresh[q]] = -1
         return src, indptr, indices, values
 
-    return _sample_rows, _relabel_assemble
+    return _positions, _gather_packed, _gather, _scale, _relabel_assemble
 
 
-def sample_rows(indptr: np.ndarray, col: np.ndarray, val: np.ndarray, rows: np.ndarray,
+def sample_rows(indptr: np.ndarray, entries: np.ndarray, kind: str, rows: np.ndarray,
                 fanout: int, replace: bool, u):
-    """``(k (R,) int64, cols (E,) col's dtype, vals (E,) float32)``: the kept entries of
-    ``rows`` (R,) int64 of the CSR (``indptr`` (n+1,) int64, ``col``/``val`` (e,) — strided
-    views of the topology's records are fine), values scaled by d_i/k_i when ``fanout >= 0``.
-    ``u``: (drawn rows, fanout) float64, as :func:`~gnnpar.sampling.choose.choose_entries`."""
-    if u is None:
-        u = np.zeros((0, 1))
-    return _compiled()[0](indptr, col, val, rows, int(fanout), bool(replace), u)
+    """``(k (R,) int64, cols (E,) the column field's dtype, vals (E,) float32)``: the kept
+    entries of ``rows`` (R,) int64 of the CSR ``indptr`` (n+1,) int64 over the topology's
+    records ``entries`` (e,), values of field ``kind`` scaled by d_i/k_i when ``fanout >= 0``.
+    ``u``: (drawn rows, fanout) float64, as :func:`~gnnpar.sampling.choose.choose_entries`.
+
+    Records of exactly (int32 column, float32 value) — one normalisation kept, under 2³¹
+    nodes — are read as one uint64 each (a miss per entry, no strided field access)."""
+    positions, gather_packed, gather, scale = _compiled()[:4]
+    k, deg, pos = positions(indptr, rows, int(fanout), bool(replace),
+                            np.zeros((0, 1)) if u is None else u)
+    fields = entries.dtype.fields
+    if (entries.dtype.itemsize == 8 and fields["col"] == (np.dtype("<i4"), 0)
+            and fields[kind] == (np.dtype("<f4"), 4)):
+        cols, vals = gather_packed(entries.view(np.uint64), pos)
+    else:
+        cols, vals = gather(entries["col"], entries[kind], pos)
+    if fanout >= 0:
+        scale(vals, k, deg)
+    return k, cols, vals
 
 
 def relabel_assemble(slot: np.ndarray, dst: np.ndarray, k: np.ndarray, cols: np.ndarray,
@@ -188,5 +223,5 @@ def relabel_assemble(slot: np.ndarray, dst: np.ndarray, k: np.ndarray, cols: np.
     :func:`~gnnpar.sampling.blocks.assemble_block`); ``slot`` (n,) all −1, left all −1.
     Without self entries ``values`` is ``vals`` itself (nothing to interleave)."""
     with_self = bool(np.any(self_vals))
-    src, indptr, indices, values = _compiled()[1](slot, dst, k, cols, self_vals, vals, with_self)
+    src, indptr, indices, values = _compiled()[4](slot, dst, k, cols, self_vals, vals, with_self)
     return src, indptr, indices, (values if with_self else np.asarray(vals, np.float32))

@@ -86,8 +86,8 @@ def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
             if u is None or u.shape != need:
                 raise ValueError(f"u must have shape {need}, "
                                  f"got {None if u is None else u.shape}")
-        return fast.sample_rows(topo.indptr, topo.entries["col"], topo.entries[kind],
-                                np.asarray(dst, np.int64), fanout, replace, u)
+        return fast.sample_rows(topo.indptr, topo.entries, kind, np.asarray(dst, np.int64),
+                                fanout, replace, u)
     return sample_entries_numpy(topo, kind, dst, fanout, replace, u, owners)
 
 
