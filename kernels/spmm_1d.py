@@ -20,12 +20,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .axes import DenseAxis
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, coll, per_feature
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .local import as_tensor
-from .overlap import ColumnSplit
+from .overlap import Overlapped
 
 AXIS = "row"
 
@@ -42,30 +43,16 @@ class Op1D(DistOperator):
         self.sizes = [int(s) for s in sizes]
         me = comm.grid.coord(AXIS)
         self.num_dst = self.num_src = self.sizes[me]
-        n = int(np.sum(self.sizes))
-        lo = int(np.sum(self.sizes[:me]))
-        self.split = ColumnSplit(indptr, indices, values, (self.num_dst, n), lo,
-                                 lo + self.num_src, device=device)
-        self.local_nnz = int(len(indices))
+        axis = DenseAxis(comm, AXIS, self.sizes)
+        self.block = Overlapped(indptr, indices, values, (self.num_dst, axis.width), axis,
+                                device=device)
+        self.local_nnz = self.block.nnz
 
     def forward_rows(self, h):
-        blocks = self.comm.start_all_gather(h, AXIS, self.sizes)
-        return self.split.forward(h, _Joined(blocks))
+        return self.block.forward(h)
 
     def backward_rows(self, grad):
-        g_own, rest = self.split.backward(
-            grad, lambda g: self.comm.start_reduce_scatter(g, AXIS, self.sizes))
-        return g_own.add_(rest.wait())
-
-
-class _Joined:
-    """A pending all-gather whose ``wait()`` gives the blocks stacked (what Â_rest takes)."""
-
-    def __init__(self, pending):
-        self.pending = pending
-
-    def wait(self):
-        return torch.cat(self.pending.wait(), dim=0)
+        return self.block.backward(grad)
 
 
 def row_axis(world: int, dims=None, replication: int = 1) -> dict:

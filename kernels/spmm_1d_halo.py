@@ -14,12 +14,13 @@ Shapes: A_r (n_r, n_r + halo_r); H_r, Z_r (n_r, f).
 """
 from __future__ import annotations
 
+from .axes import HaloAxis
 from .comm import Comm
 from .cost_terms import Cost, LinearCounts, distinct, partners, per_feature, plan_counts
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
-from .overlap import ColumnSplit
+from .overlap import Overlapped
 from .spmm_1d import row_axis
 
 AXIS = "row"
@@ -32,17 +33,15 @@ class Op1DHalo(DistOperator):
                  device=None):
         self.comm, self.plan = comm, plan
         self.num_dst = self.num_src = n = int(n_local)
-        self.split = ColumnSplit(indptr, indices, values, (n, n + plan.num_halo), 0, n,
-                                 rest_offset=n, device=device)
-        self.local_nnz = int(len(indices))
+        axis = HaloAxis(comm, AXIS, plan, n)
+        self.block = Overlapped(indptr, indices, values, (n, axis.width), axis, device=device)
+        self.local_nnz = self.block.nnz
 
     def forward_rows(self, h):
-        return self.split.forward(h, self.plan.start_gather(self.comm, h, AXIS))
+        return self.block.forward(h)
 
     def backward_rows(self, grad):
-        g_own, back = self.split.backward(
-            grad, lambda g_halo: self.plan.start_return(self.comm, g_halo, AXIS))
-        return self.plan.add_returned(g_own, back.wait())
+        return self.block.backward(grad)
 
 
 def build_1d_halo(shard, comm: Comm, norm: str, device=None) -> Op1DHalo:

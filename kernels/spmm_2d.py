@@ -42,60 +42,18 @@ Shapes: h, Z (n_me, f); Â_ij (|R_i|, |C_j|) (halo: own + remote rows touched, c
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from gnnpar.datasets import InputError
 
-from .blocks import (Ownership, compact_plan, coo_to_csr, coords_of, exchange, layout_options,
-                     rank_of, shard_entries, take_owned_rows, world_axes)
+from .axes import DenseAxis, HaloAxis
+from .blocks import (Ownership, coo_to_csr, coords_of, exchange, layout_options, rank_of,
+                     shard_entries, take_owned_rows, world_axes)
 from .comm import Comm
 from .cost_terms import (Cost, LinearCounts, coll, distinct, factorisations, partners, per_feature,
                          plan_counts)
-from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_grid, variant_option
-from .local import csr_tensor, transpose_csr
-
-
-class DenseAxis:
-    """Variant ``bcast`` on one axis: all-gather the members' rows in, reduce-scatter out.
-    A non-zero's position on the axis is its member's offset plus its local row."""
-
-    def __init__(self, comm: Comm, axis, sizes):
-        self.comm, self.axis, self.sizes = comm, axis, list(sizes)
-        self.width = sum(self.sizes)
-
-    @classmethod
-    def build(cls, comm: Comm, axis, member, local, sizes, n_own, device=None):
-        """(positions of the non-zeros on the axis, the strategy)."""
-        return np.concatenate([[0], np.cumsum(sizes)])[member] + local, cls(comm, axis, sizes)
-
-    def gather(self, h):
-        return torch.cat(self.comm.all_gather(h, self.axis, self.sizes))
-
-    def reduce(self, y):
-        return self.comm.reduce_scatter(y, self.axis, self.sizes)
-
-
-class HaloAxis:
-    """Variant ``halo`` on one axis: only the rows some non-zero touches move (a compacted
-    plan, built once: own rows first, then the touched remote rows)."""
-
-    def __init__(self, comm: Comm, axis, plan, n_own: int):
-        self.comm, self.axis, self.plan, self.n_own = comm, axis, plan, n_own
-        self.width = n_own + plan.num_halo
-
-    @classmethod
-    def build(cls, comm: Comm, axis, member, local, sizes, n_own, device=None):
-        pos, plan = compact_plan(comm, axis, member, local, n_own, device)
-        return pos, cls(comm, axis, plan, n_own)
-
-    def gather(self, h):
-        return self.plan.gather(self.comm, h, self.axis)
-
-    def reduce(self, y):
-        return self.plan.scatter_back(self.comm, y, self.n_own, self.axis)
-
+from .overlap import Overlapped
 
 #: variant -> how one axis moves rows (chosen once, when the operator is built)
 VARIANTS = {"halo": HaloAxis, "bcast": DenseAxis}
@@ -123,17 +81,18 @@ class BlockOp(DistOperator):
         r, self.out = axis.build(comm, out_axis, rm, rl, out_sizes, self.num_dst, device)
         c, self.inp = axis.build(comm, in_axis, cm, cl, in_sizes, self.num_src, device)
         shape = (self.out.width, self.inp.width)
-        arrays = coo_to_csr(r, c, vals, shape)
-        self.nnz = self.local_nnz = int(arrays[1].shape[0])
-        self.A = csr_tensor(*arrays, shape, device)
-        self.AT = csr_tensor(*transpose_csr(*arrays, shape), shape[::-1], device)
+        self.block = Overlapped(*coo_to_csr(r, c, vals, shape), shape, self.inp, self.out,
+                                device)
+        self.nnz = self.local_nnz = self.block.nnz
 
     def forward_rows(self, h):
-        """Gather along ``in_axis``, local block product, reduce along ``out_axis``."""
-        return self.out.reduce(csr_mm(self.A, self.inp.gather(h)))
+        """Gather along ``in_axis``, local block product, reduce along ``out_axis`` — the
+        held rows' products overlapping the gather, the own rows' the reduction
+        (:mod:`overlap`)."""
+        return self.block.forward(h)
 
     def backward_rows(self, grad):
-        return self.inp.reduce(csr_mm(self.AT, self.out.gather(grad)))
+        return self.block.backward(grad)
 
 
 def ownership(shard, comm: Comm, permute: bool, seed: int) -> Ownership:

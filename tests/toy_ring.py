@@ -21,7 +21,7 @@ class OpRing(Op1D):
                                       q, AXIS)
                   for q, n_q in enumerate(self.sizes)]
         # Op1D's own columns times h, plus the rest times the stacked blocks (nothing in flight)
-        return self.split.forward(h, Pending.ready(torch.cat(blocks, dim=0)))
+        return self.block.forward(h, Pending.ready(torch.cat(blocks, dim=0)))
 
 
 def build_ring(shard, comm, norm: str, device=None) -> OpRing:
