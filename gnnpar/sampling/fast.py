@@ -135,60 +135,65 @@ def _compiled():
 
     @njit(cache=True, nogil=True)
     def _relabel_assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma: no cover
+        # branch-free marking and numbering: whether an id is new is a coin flip to the
+        # branch predictor, so every step stores unconditionally and counts with the flag
         r = dst.shape[0]
         n_edges = cols.shape[0]
+        n = slot.shape[0]
         for i in range(r):
             slot[dst[i]] = i
-        fresh = np.empty(n_edges, np.int64)
+        fresh = np.empty(n_edges + 1, np.int64)
         nf = 0
         for e in range(n_edges):
             c = cols[e]
-            if slot[c] == -1:
-                slot[c] = -2
-                fresh[nf] = c
-                nf += 1
-        fresh = fresh[:nf]
-        n = slot.shape[0]
-        if n <= 16 * nf:  # the table scan costs less than sorting the new ids
-            j = 0
+            was = slot[c]
+            new = was == -1
+            fresh[nf] = c
+            nf += new
+            slot[c] = was - new  # -1 (unseen) becomes -2 (new), a local id stays
+        src = np.empty(r + nf + 1, np.int64)
+        src[:r] = dst
+        if n <= 16 * nf:  # a scan of the table costs less than sorting the new ids
+            j = r
             for v in range(n):
-                if slot[v] == -2:
-                    fresh[j] = v
-                    j += 1
+                was = slot[v]
+                new = was == -2
+                src[j] = v
+                slot[v] = j if new else was
+                j += new
         else:
-            fresh.sort()
-        src = np.empty(r + nf, np.int64)
-        for i in range(r):
-            src[i] = dst[i]
-        for q in range(nf):
-            slot[fresh[q]] = r + q
-            src[r + q] = fresh[q]
+            ids = np.sort(fresh[:nf])
+            for q in range(nf):
+                slot[ids[q]] = r + q
+                src[r + q] = ids[q]
+        src = src[:r + nf]
         indptr = np.empty(r + 1, np.int64)
         indptr[0] = 0
-        n_self = 0
-        for i in range(r):
-            if with_self and self_vals[i] != 0:
-                n_self += 1
-            indptr[i + 1] = indptr[i] + k[i] + (1 if with_self and self_vals[i] != 0 else 0)
-        indices = np.empty(n_edges + n_self, np.int64)
-        values = np.empty(n_edges + n_self if with_self else 0, np.float32)
-        e = 0
-        for i in range(r):
-            o = indptr[i]
-            if with_self and self_vals[i] != 0:
-                indices[o] = i
-                values[o] = self_vals[i]
-                o += 1
-            for _ in range(k[i]):
-                indices[o] = slot[cols[e]]
-                if with_self:
-                    values[o] = vals[e]
-                o += 1
-                e += 1
-        for i in range(r):
-            slot[dst[i]] = -1
-        for q in range(nf):
-            slot[fresh[q]] = -1
+        if not with_self:
+            for i in range(r):
+                indptr[i + 1] = indptr[i] + k[i]
+            indices = np.empty(n_edges, np.int64)
+            for e in range(n_edges):
+                indices[e] = slot[cols[e]]
+            values = np.empty(0, np.float32)
+        else:
+            for i in range(r):
+                indptr[i + 1] = indptr[i] + k[i] + (self_vals[i] != 0)
+            indices = np.empty(indptr[r], np.int64)
+            values = np.empty(indptr[r], np.float32)
+            e = 0
+            for i in range(r):
+                o = indptr[i]
+                if self_vals[i] != 0:
+                    indices[o] = i
+                    values[o] = self_vals[i]
+                    o += 1
+                for q in range(k[i]):
+                    indices[o + q] = slot[cols[e + q]]
+                    values[o + q] = vals[e + q]
+                e += k[i]
+        for i in range(r + nf):
+            slot[src[i]] = -1
         return src, indptr, indices, values
 
     return _positions, _gather_packed, _gather, _scale, _relabel_assemble
