@@ -81,11 +81,6 @@ def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
     the reference, in one pass).
     """
     if topo.replicated and fast.available():
-        if fanout > 0:
-            need = (draw_count(topo.degree[dst], fanout, replace), fanout)
-            if u is None or u.shape != need:
-                raise ValueError(f"u must have shape {need}, "
-                                 f"got {None if u is None else u.shape}")
         return fast.sample_rows(topo.indptr, topo.entries, kind, np.asarray(dst, np.int64),
                                 fanout, replace, u)
     return sample_entries_numpy(topo, kind, dst, fanout, replace, u, owners)
