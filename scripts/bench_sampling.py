@@ -3,14 +3,17 @@
 
     python scripts/bench_sampling.py                       # all three parts, rmat:scale=17,ef=16
     python scripts/bench_sampling.py --parts throughput --seconds 5 --workers 1,2
+    python scripts/bench_sampling.py --parts throughput --kernels numba,numpy   # A/B
     python scripts/bench_sampling.py --parts bytes --ranks 4 --macrobatches 1,4,16
 
 1. ``throughput`` (one process): minibatches/s and sampled edges/s of the node-wise sampler
    and of the bulk sampler (K minibatches at a time) in W threads, sampling only and
    including the gather of every minibatch's input features (128-wide float32 on the default
-   graph), fanouts 15,10,5 (DGL order), batch 1024. Each variant runs ``--seconds`` (after a
-   warm-up macrobatch); every variant runs once per round and the best of ``--repeats``
-   rounds is reported (the machine is shared; the load average is printed).
+   graph), fanouts 15,10,5 (DGL order), batch 1024; ``--kernels numba,numpy`` adds the
+   samplers' numpy reference path as variants of their own (:mod:`gnnpar.sampling.fast`).
+   Each variant runs ``--seconds`` (after a warm-up macrobatch); every variant runs once per
+   round and the best of ``--repeats`` rounds is reported (the machine is shared; the load
+   average is printed).
 2. ``bytes`` (``--ranks`` gloo ranks, features partitioned by ``--partitioner``): one epoch
    of the macrobatch service per K — feature bytes moved between ranks, input nodes, unique
    input nodes per macrobatch — and the reduction against K = 1.
@@ -23,6 +26,7 @@ Prints one table per part and a final JSON line with every number.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -38,6 +42,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout wi
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.sampling import (BulkSampler, FeatureStore, NeighborSampler,  # noqa: E402
                              SamplerConfig, Topology, batch_rng)
+from gnnpar.sampling import fast  # noqa: E402
 from gnnpar.sampling.blocks import Relabeler  # noqa: E402
 
 
@@ -95,25 +100,42 @@ def throughput(graph, topo, args) -> list:
                                                       for k in args.macrobatches]:
         sampler = (BulkSampler if bulk else NeighborSampler)(topo, cfg)
         jobs = [list(range(s, min(s + K, len(seeds)))) for s in range(0, len(seeds), K)]
-        _worker(sampler, bulk, seeds, K, store, True, jobs, {}, 0, 1, 0.0)  # warm-up
-        variants += [(name, K, bulk, sampler, jobs, W, x) for W in args.workers
-                     for x in (False, True)]
+        for kern in args.kernels:
+            with _kernels(kern):
+                _worker(sampler, bulk, seeds, K, store, True, jobs, {}, 0, 1, 0.0)  # warm-up
+            variants += [(name, K, bulk, sampler, jobs, W, x, kern) for W in args.workers
+                         for x in (False, True)]
     best = {}
     for _ in range(args.repeats):
         for v in variants:
-            name, K, bulk, sampler, jobs, W, with_x = v
-            rate = _run_variant(sampler, bulk, seeds, K, store, with_x, jobs, W, args.seconds)
-            key = (name, W, with_x)
+            name, K, bulk, sampler, jobs, W, with_x, kern = v
+            with _kernels(kern):
+                rate = _run_variant(sampler, bulk, seeds, K, store, with_x, jobs, W, args.seconds)
+            key = (name, W, with_x, kern)
             if key not in best or rate[0] > best[key][0]:
                 best[key] = rate
     rows = []
-    for name, K, bulk, sampler, jobs, W, with_x in variants:
-        mb_s, e_s, per_mb = best[(name, W, with_x)]
-        rows.append({"sampler": name, "K": K, "workers": W, "features": with_x,
+    for name, K, bulk, sampler, jobs, W, with_x, kern in variants:
+        mb_s, e_s, per_mb = best[(name, W, with_x, kern)]
+        rows.append({"sampler": name, "K": K, "workers": W, "features": with_x, "kernels": kern,
                      "minibatches_per_s": mb_s, "edges_per_s": e_s, "edges_per_minibatch": per_mb})
-        print(f"{name:12s} W={W} {'+features' if with_x else 'sampling  '}  "
+        print(f"{name:12s} W={W} {'+features' if with_x else 'sampling  '} {kern:5s}  "
               f"{mb_s:7.1f} minibatches/s  {e_s / 1e6:6.2f} M edges/s", flush=True)
     return rows
+
+
+@contextlib.contextmanager
+def _kernels(kind: str):
+    """Run the samplers' compiled kernels (``numba``) or their numpy reference (``numpy``)."""
+    old = os.environ.get(fast.ENV)
+    os.environ[fast.ENV] = kind
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[fast.ENV]
+        else:
+            os.environ[fast.ENV] = old
 
 
 # ---------------------------------------------------------------- 2. feature bytes
@@ -231,6 +253,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per minibatch")
     p.add_argument("--macrobatches", default="1,4,16", help="K values (bulk sampler, bytes)")
     p.add_argument("--workers", default="1,2", help="sampler threads for the throughput part")
+    p.add_argument("--kernels", default="numba",
+                   help="throughput part: the samplers' compiled kernels (numba), their numpy "
+                        "reference (numpy), or both interleaved (numba,numpy); default numba")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per throughput run")
     p.add_argument("--repeats", type=int, default=3, help="rounds over the variants (best kept)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -246,6 +271,9 @@ def main(argv=None) -> int:
     args.macrobatches = [int(k) for k in args.macrobatches.split(",")]
     args.stall_macrobatches = [int(k) for k in args.stall_macrobatches.split(",")]
     args.workers = [int(w) for w in args.workers.split(",")]
+    args.kernels = args.kernels.split(",")
+    if not set(args.kernels) <= {"numba", "numpy"}:
+        p.error(f"--kernels takes numba and/or numpy, got {','.join(args.kernels)}")
     parts = set(args.parts.split(","))
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -241,6 +241,13 @@ def test_compiled_sampling_equals_the_numpy_reference(graph, kinds, kind, replac
         sample_entries(topo, kind, rows, 3, replace, np.zeros((1, 3)))
 
 
+def test_sampler_kernels_switch_off_through_the_environment(monkeypatch):
+    monkeypatch.setenv(fast.ENV, "numpy")
+    assert not fast.available()
+    monkeypatch.setenv(fast.ENV, "numba")
+    assert fast.available()
+
+
 # ---------------------------------------------------------------- determinism
 @pytest.mark.parametrize("replace", [False, True])
 def test_bulk_equals_node_wise_and_runs_repeat(replace):

@@ -28,8 +28,8 @@ operation in float64/float32 (a float32 product computed in float64 and rounded 
 float32 product: 48 significant bits fit in a double), with no fast-math.
 
 Every kernel is ``nogil``: sampler worker threads run them in parallel. Compiled on first
-use (importing numba takes most of a second) and cached on disk; without numba the numpy
-path runs (:func:`available`).
+use (importing numba takes most of a second) and cached on disk; without numba, or with
+``GNNPAR_SAMPLER_KERNELS=numpy``, the numpy path runs (:func:`available`).
 
 Shapes: see each function.
 """
@@ -37,13 +37,23 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import numpy as np
 
 
-@functools.lru_cache(maxsize=None)
+#: ``GNNPAR_SAMPLER_KERNELS=numpy`` runs the numpy reference instead (A/B measurements)
+ENV = "GNNPAR_SAMPLER_KERNELS"
+
+
 def available() -> bool:
-    """numba importable (looked up once)."""
+    """The kernels run: numba importable and not switched off through :data:`ENV`."""
+    return os.environ.get(ENV, "numba") != "numpy" and _numba_installed()
+
+
+@functools.lru_cache(maxsize=None)
+def _numba_installed() -> bool:
+    """Looked up once: :func:`available` runs on every layer."""
     return importlib.util.find_spec("numba") is not None
 
 
