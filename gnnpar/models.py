@@ -35,9 +35,8 @@ from typing import Sequence, Union
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from .dropout import dropout
+from .dropout import dropout, relu_dropout
 
 
 def _add_bias(z: torch.Tensor, bias) -> torch.Tensor:
@@ -119,13 +118,12 @@ class GNN(nn.Module):
         per_layer = isinstance(ops, (list, tuple))
         if per_layer and len(ops) != len(self.layers):
             raise ValueError(f"got {len(ops)} operators for {len(self.layers)} layers")
-        h = x
+        h = dropout(x, self.dropout, self.training)
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            if self.dropout > 0:
-                h = dropout(h, self.dropout, self.training)
             h = layer(ops[i] if per_layer else ops, h)
-            if i < len(self.layers) - 1:
-                h = F.relu(h)
+            if i < last:  # ReLU, then the next layer's input dropout: one pass on CPUs
+                h = relu_dropout(h, self.dropout, self.training)
         return h
 
 

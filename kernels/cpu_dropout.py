@@ -13,7 +13,7 @@ rounded to a multiple of 1/65536 (0.5 is exact) and the kept elements are scaled
 inverse of the rounded keep probability, so the expectation is exactly preserved (as in
 :mod:`gnnpar.dropout`'s torch path).
 
-Shapes: flat float32 arrays of equal length.
+Shapes: tensors of one shape (bf16/fp16 through a float32 copy, returned in their dtype).
 """
 from __future__ import annotations
 
@@ -73,9 +73,15 @@ def _compiled():
     return numba, _masked_scale
 
 
+#: dtypes the pass serves; bf16/fp16 (``--precision bf16``) go through a float32 copy, so a
+#: run draws the same masks in either precision
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def usable(x: torch.Tensor) -> bool:
-    """Whether the compiled pass serves ``x`` (a float32 CPU tensor, numba available)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and available()
+    """Whether the compiled pass serves ``x`` (a CPU tensor of :data:`DTYPES`, numba
+    available)."""
+    return x.device.type == "cpu" and x.dtype in DTYPES and available()
 
 
 def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: int,
@@ -84,15 +90,16 @@ def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: i
 
     Forward: ``src = cond = x``. Backward: ``src`` = the gradient, ``cond`` = the forward's
     output (positive exactly where ReLU passed and dropout kept)."""
-    src = src.detach().contiguous()
-    cond = cond.detach().contiguous()
+    dtype = src.dtype
+    src = src.detach().float().contiguous()
+    cond = cond.detach().float().contiguous()
     out = torch.empty_like(src)
     if src.numel() == 0:
-        return out
+        return out.to(dtype)
     numba, kernel = _compiled()
     with _LOCK:
         numba.set_num_threads(max(1, min(torch.get_num_threads(),
                                          numba.config.NUMBA_NUM_THREADS)))
         kernel(src.view(-1).numpy(), cond.view(-1).numpy(), out.view(-1).numpy(),
                np.uint64(seed), np.uint64(drop_units), np.float32(scale), bool(relu))
-    return out
+    return out.to(dtype)

@@ -80,3 +80,14 @@ def test_identity_when_not_training_and_bad_p():
         dropout(x, 1.0)
     with pytest.raises(ValueError, match="dropout probability"):
         relu_dropout(x, 1.0)
+
+
+def test_bf16_draws_the_fp32_masks():
+    if not cpu_dropout.usable(torch.ones(1)):
+        pytest.skip("numba is not available")
+    x = torch.randn(200, 37)
+    torch.manual_seed(4)
+    a = relu_dropout(x, 0.5)
+    torch.manual_seed(4)
+    b = relu_dropout(x.bfloat16(), 0.5)
+    assert b.dtype == torch.bfloat16 and torch.equal(a != 0, b != 0)
