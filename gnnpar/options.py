@@ -19,7 +19,7 @@ from .resume import check_checkpoint_args
 from .sampling.options import add_minibatch_args, check_mode_args
 
 #: flags only ``--algo auto`` reads (the cost model's); it chooses the layout flags itself
-AUTO_FLAGS = ("mem_cap", "bandwidth", "latency")
+AUTO_FLAGS = ("mem_cap", "bandwidth", "latency", "calibration")
 
 
 def algo_choices() -> tuple:

@@ -54,8 +54,8 @@ import numpy as np
 from gnnpar.datasets import InputError
 
 from .algorithms import ALGORITHMS, cost_names, get
-from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gather_padding,
-                         param_count, reduce_padding, spmm_widths)
+from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, no_padding,
+                         owned_rows_work, param_count, spmm_widths)
 
 __all__ = ["Structure", "Machine", "spmm_widths", "param_count", "allreduce_bytes",
            "epoch_traffic", "estimate_traffic", "memory_bytes", "epoch_time", "candidates",
@@ -102,74 +102,10 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
 
 
 # ----------------------------------------------------------------- padding and work
-# What the built-in kernels' entries (kernels/spmm_*.py) do not say yet: the rows their
-# all-gathers and reduce-scatters pad, and each rank's non-zeros. An entry's own ``padding`` /
-# ``work`` (cost_terms.Cost) takes precedence; these follow the kernels' docstrings.
-def _no_padding(s: Structure, dims, variant):
-    return np.zeros(s.p, np.int64), np.zeros(s.p, np.int64)
-
-
-def _padding_1d(s: Structure, dims, variant):
-    """All-gather of every block over all ranks; its reduce-scatter in the backward."""
-    group = np.zeros(s.p, np.int64)
-    return gather_padding(s.sizes, group), reduce_padding(s.sizes, group)
-
-
-def _padding_2d(s: Structure, dims, variant):
-    """``bcast``: gather over ``row`` (the ranks of column j) and reduce-scatter over ``col``
-    (those of row i) forward, the reverse backward; ``halo`` moves by all-to-all (no padding)."""
-    if variant != "bcast":
-        return _no_padding(s, dims, variant)
-    pr, pc = dims
-    q = np.arange(s.p)
-    i, j = q // pc, q % pc
-    return (gather_padding(s.sizes, j) + reduce_padding(s.sizes, i),
-            gather_padding(s.sizes, i) + reduce_padding(s.sizes, j))
-
-
-def _padding_15d(s: Structure, c, variant):
-    """1.5d is the 2d block product on the (p/c) × c grid (``replica`` as the column axis)."""
-    return _padding_2d(s, (s.p // int(c), int(c)), variant)
-
-
-_PADDING = {"1d": _padding_1d, "1.5d": _padding_15d, "2d": _padding_2d}
-
-
 def _padding(algo: str) -> Callable:
-    """The algorithm's padding rule: its entry's, the table's, else none (3d/4d: their
+    """The algorithm's padding rule (its entry's ``Cost.padding``), else none (3d/4d: their
     gathers' padding is not modelled yet, so their padded count is the logical one)."""
-    own = _cost(algo).padding
-    return own if own is not None else _PADDING.get(algo, _no_padding)
-
-
-def _owned_rows_work(s: Structure, dims, variant, layers, rotate):
-    nnz = np.bincount(s.owner[s.rows], minlength=s.p).astype(np.int64)
-    return lambda f, layer: nnz * f
-
-
-def _dest_work(dest_of):
-    def work(s: Structure, dims, variant, layers, rotate):
-        nnz = np.bincount(dest_of(s, dims), minlength=s.p).astype(np.int64)
-        return lambda f, layer: nnz * f
-    return work
-
-
-def _cube_work(s: Structure, dims, variant, layers, rotate):
-    """3d: each rank multiplies its piece's non-zeros by its slice of the features."""
-    counts = _cost("3d").exact(s, dims, variant, layers, rotate)
-
-    def work(f, layer):
-        o = counts.orients[layer % len(counts.orients)]
-        pz = o["pz"]
-        w = np.diff([(f * k) // pz for k in range(pz + 1)])
-        return o["nnz"] * w[o["z"]]
-    return work
-
-
-_WORK = {"1d": _owned_rows_work, "1d-halo": _owned_rows_work,
-         "1.5d": _dest_work(lambda s, c: (s.owner[s.rows] // c) * c + s.owner[s.cols] % c),
-         "2d": _dest_work(lambda s, d: (s.owner[s.rows] // d[1]) * d[1] + s.owner[s.cols] % d[1]),
-         "3d": _cube_work, "4d": _cube_work}
+    return _cost(algo).padding or no_padding
 
 
 def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int], dims=None,
@@ -177,8 +113,7 @@ def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int]
     """Per-rank ``spmm_flops`` (2 × multiply-adds of every SpMM of an epoch, backward ones
     included), ``dense_flops`` (each rank's own rows through every layer's weights: forward,
     and the input and weight gradients) and ``elementwise`` (owned rows × Σ widths)."""
-    own = _cost(algo).work
-    work = (own or _WORK.get(algo, _owned_rows_work))(structure, dims, variant, layers, rotate)
+    work = (_cost(algo).work or owned_rows_work)(structure, dims, variant, layers, rotate)
     spmm = np.zeros(structure.p, np.float64)
     for l, (f, back) in enumerate(spmm_widths(kind, widths)):
         spmm += 2.0 * work(f, l) * (2 if back else 1)

@@ -217,3 +217,24 @@ class Cost:
     candidates: Optional[Callable] = None
     padding: Optional[Callable] = None
     work: Optional[Callable] = None
+
+
+# ----------------------------------------------------------------- padding and work rules
+def no_padding(s: Structure, dims, variant):
+    """Per-rank padded rows (forward, backward) of an algorithm that pads nothing
+    (all-to-all moves exactly its rows)."""
+    return np.zeros(s.p, np.int64), np.zeros(s.p, np.int64)
+
+
+def owned_rows_work(s: Structure, dims, variant, layers, rotate):
+    """Work rule of the 1D algorithms: each rank multiplies its own rows' non-zeros."""
+    nnz = np.bincount(s.owner[s.rows], minlength=s.p).astype(np.int64)
+    return lambda f, layer: nnz * f
+
+
+def dest_work(dest_of):
+    """Work rule of a block layout: ``dest_of(structure, dims)`` gives each non-zero's rank."""
+    def work(s: Structure, dims, variant, layers, rotate):
+        nnz = np.bincount(dest_of(s, dims), minlength=s.p).astype(np.int64)
+        return lambda f, layer: nnz * f
+    return work

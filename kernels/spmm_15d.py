@@ -49,11 +49,11 @@ from __future__ import annotations
 from gnnpar.datasets import InputError
 
 from .comm import Comm
-from .cost_terms import Cost, LinearCounts
+from .cost_terms import Cost, LinearCounts, dest_work
 from .dist_op import shard_values
 from .entry import Algorithm, GroupRule, group_of_size, variant_option
-from .spmm_2d import (VARIANTS, BlockOp, attach_ownership, build_block_op, estimate_2d, exact_2d,
-                      ownership)
+from .spmm_2d import (VARIANTS, BlockOp, attach_ownership, block_of, build_block_op, estimate_2d,
+                      exact_2d, ownership, padding_2d)
 
 
 def build_15d(shard, comm: Comm, norm: str, device=None, variant: str = "halo",
@@ -95,7 +95,13 @@ def candidates_15d(p: int):
     return [(c, v) for c in range(2, p + 1) if p % c == 0 for v in VARIANTS]
 
 
+def padding_15d(s, c, variant):
+    """1.5d is the 2d block product on the (p/c) × c grid (``replica`` as the column axis)."""
+    return padding_2d(s, (s.p // int(c), int(c)), variant)
+
+
 SPMM_15D = Algorithm(
     name="1.5d", axes=("row", "replica"), shape=row_replica, builder=build_15d,
     flags=("replication", "variant"), option_rule=variant_option, group=GroupRule(group_of_size),
-    cost=Cost(exact_15d, estimate_15d, candidates=candidates_15d))
+    cost=Cost(exact_15d, estimate_15d, candidates=candidates_15d, padding=padding_15d,
+              work=dest_work(lambda s, c: block_of(s, (s.p // int(c), int(c))))))

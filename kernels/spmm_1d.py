@@ -22,7 +22,8 @@ import torch
 
 from .axes import DenseAxis
 from .comm import Comm
-from .cost_terms import Cost, LinearCounts, coll, per_feature
+from .cost_terms import (Cost, LinearCounts, coll, gather_padding, owned_rows_work, per_feature,
+                         reduce_padding)
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .local import as_tensor
@@ -100,7 +101,15 @@ def estimate_1d(s, dims, variant):
     return per_feature((p - 1) * nr, n - nr, coll(p), coll(p), n)
 
 
+def padding_1d(s, dims, variant):
+    """Rows padded per rank (forward, backward): the all-gather of every block over all ranks,
+    its reduce-scatter in the backward."""
+    group = np.zeros(s.p, np.int64)
+    return gather_padding(s.sizes, group), reduce_padding(s.sizes, group)
+
+
 SPMM_1D = Algorithm(
     name="1d", axes=("row",), shape=row_axis, builder=build_1d,
     group=GroupRule(group_of_size),
-    cost=Cost(exact_1d, estimate_1d, candidates=lambda p: [(None, "bcast")]))
+    cost=Cost(exact_1d, estimate_1d, candidates=lambda p: [(None, "bcast")],
+              padding=padding_1d, work=owned_rows_work))

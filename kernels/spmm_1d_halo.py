@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from .axes import HaloAxis
 from .comm import Comm
-from .cost_terms import Cost, LinearCounts, distinct, partners, per_feature, plan_counts
+from .cost_terms import (Cost, LinearCounts, distinct, owned_rows_work, partners, per_feature,
+                         plan_counts)
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
@@ -64,4 +65,5 @@ def estimate_1d_halo(s, dims, variant):
 SPMM_1D_HALO = Algorithm(
     name="1d-halo", axes=("row",), shape=row_axis, builder=build_1d_halo,
     group=GroupRule(group_of_size),
-    cost=Cost(exact_1d_halo, estimate_1d_halo, candidates=lambda p: [(None, "halo")]))
+    cost=Cost(exact_1d_halo, estimate_1d_halo, candidates=lambda p: [(None, "halo")],
+              work=owned_rows_work))

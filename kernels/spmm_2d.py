@@ -49,8 +49,9 @@ from .axes import DenseAxis, HaloAxis
 from .blocks import (Ownership, coo_to_csr, coords_of, exchange, layout_options, rank_of,
                      shard_entries, take_owned_rows, world_axes)
 from .comm import Comm
-from .cost_terms import (Cost, LinearCounts, coll, distinct, factorisations, partners, per_feature,
-                         plan_counts)
+from .cost_terms import (Cost, LinearCounts, coll, dest_work, distinct, factorisations,
+                         gather_padding, no_padding, partners, per_feature, plan_counts,
+                         reduce_padding)
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_grid, variant_option
 from .overlap import Overlapped
@@ -191,8 +192,28 @@ def candidates_2d(p: int):
     return [(dims, v) for dims in factorisations(p, 2) for v in VARIANTS]
 
 
+def padding_2d(s, dims, variant):
+    """Rows padded per rank (forward, backward). ``bcast``: gather over ``row`` (the ranks of
+    column j) and reduce-scatter over ``col`` (those of row i) forward, the reverse backward;
+    ``halo`` moves by all-to-all (no padding)."""
+    if variant != "bcast":
+        return no_padding(s, dims, variant)
+    pr, pc = dims
+    q = np.arange(s.p)
+    i, j = q // pc, q % pc
+    return (gather_padding(s.sizes, j) + reduce_padding(s.sizes, i),
+            gather_padding(s.sizes, i) + reduce_padding(s.sizes, j))
+
+
+def block_of(s, dims):
+    """The rank holding each non-zero: row i of its row's owner, column j of its column's."""
+    pc = dims[1]
+    return (s.owner[s.rows] // pc) * pc + s.owner[s.cols] % pc
+
+
 SPMM_2D = Algorithm(
     name="2d", axes=("row", "col"), shape=row_col, builder=build_2d,
     flags=("grid", "variant", "block_layout"),
     option_rule=options_2d, group=GroupRule(group_of_grid),
-    cost=Cost(exact_2d, estimate_2d, candidates=candidates_2d))
+    cost=Cost(exact_2d, estimate_2d, candidates=candidates_2d, padding=padding_2d,
+              work=dest_work(block_of)))

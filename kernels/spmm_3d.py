@@ -287,6 +287,18 @@ def exact_3d(s, dims, variant, layers, rotate) -> CubeCounts:
     return CubeCounts(s, dims, layers, rotate)
 
 
+def cube_work(s, dims, variant, layers, rotate):
+    """Work rule: each rank multiplies its piece's non-zeros by its slice of the features."""
+    counts = exact_3d(s, dims, variant, layers, rotate)
+
+    def work(f, layer):
+        o = counts.orients[layer % len(counts.orients)]
+        pz = o["pz"]
+        w = np.diff([(f * k) // pz for k in range(pz + 1)])
+        return o["nnz"] * w[o["z"]]
+    return work
+
+
 def estimate_3d(s, dims, variant):
     (px, py, pz), n, nr, mr = dims, s.n, s.nr, s.mr
     R, C, Nxy = n / px, n / py, n / (px * py)
@@ -322,4 +334,4 @@ SPMM_3D = Algorithm(
     name="3d", axes=AXES3, shape=cube, builder=build_3d_ops,
     flags=("grid", "block_layout"),
     option_rule=options_3d, extra_combos=CUBE_PAIRS, group=GroupRule(group_of_grid),
-    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, candidates_3d))
+    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, candidates_3d, work=cube_work))
