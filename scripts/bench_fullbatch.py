@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+from types import SimpleNamespace
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout without installing
 
@@ -35,6 +36,7 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
     import torch
     from gnnpar.datasets import load_dataset
     from gnnpar.distributed import DistRuntime
+    from gnnpar.kernels.algorithms import get as algorithm
     from gnnpar.kernels.build import make_grid
     from gnnpar.kernels.grid import parse_grid
     from gnnpar.memory import local_peak_bytes
@@ -48,7 +50,9 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
     grid = make_grid(algo, world, parse_grid(grid_text) if grid_text else None, replication)
     torch.manual_seed(seed)
     model = GNN("gcn", int(shard.x.shape[1]), hidden, int(shard.num_classes), layers, 0.5)
-    rt = DistRuntime(grid, shard, algo, "gcn", **({"layers": layers} if algo in ("3d", "4d") else {}))
+    # the builder options gnnpar-train gives (3d/4d layers, the balanced 2d/3d/4d layout)
+    settings = SimpleNamespace(layers=layers, variant=None, seed=seed, block_layout="balanced")
+    rt = DistRuntime(grid, shard, algo, "gcn", **algorithm(algo).options(settings))
     hist = fit(model, rt, TrainConfig(epochs=epochs, eval_every=10 ** 9))
     return {"hist": hist, "peak": local_peak_bytes()}
 
