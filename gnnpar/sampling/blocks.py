@@ -95,6 +95,9 @@ class Relabeler:
     2³¹ nodes), clean between calls, so relabelling costs a few passes over the edges (and a
     scan of the bitmap, or a sort of the edges' ids when the graph is much larger than the
     block) instead of a sort of every id. Not thread-safe: each sampler worker owns one.
+    :func:`assemble_block` hands the slot table to the compiled kernel of
+    :mod:`.fast`, which keeps the same contract (clean between calls); calling a Relabeler
+    runs the numpy reference.
     """
 
     def __init__(self, num_nodes: int):
@@ -150,8 +153,9 @@ def assemble_block(dst: np.ndarray, k: np.ndarray, cols: np.ndarray, vals: np.nd
 
     ``dst`` (R,) global ids; ``k`` (R,) entries kept per row; ``cols`` (E,) global ids and
     ``vals`` (E,) float32 grouped by row; ``self_vals`` (R,) Â_ii, stored first in each row
-    where non-zero. Runs the compiled :func:`~gnnpar.sampling.fast.relabel_assemble` (the
-    same block as :func:`assemble_block_numpy`, the reference, in one pass over the edges).
+    where non-zero. Runs the compiled :func:`~gnnpar.sampling.fast.relabel_assemble` on
+    ``relabel``'s slot table (the same block as :func:`assemble_block_numpy`, the reference,
+    in two passes over the edges).
     """
     if fast.available():
         src_ids, indptr, indices, values = fast.relabel_assemble(

@@ -78,7 +78,7 @@ def sample_entries(topo, kind: str, dst: np.ndarray, fanout: int, replace: bool,
     are never touched. A partitioned topology asks the rows' owners through ``owners`` =
     ``(comm, axes)`` (a collective). A replicated one runs the compiled
     :func:`~gnnpar.sampling.fast.sample_rows` (the same arrays as :func:`sample_entries_numpy`,
-    the reference, in one pass).
+    the reference, in a few flat passes).
     """
     if topo.replicated and fast.available():
         return fast.sample_rows(topo.indptr, topo.entries, kind, np.asarray(dst, np.int64),
