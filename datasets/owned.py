@@ -89,13 +89,19 @@ def claim(folder: str, kind: str, identity: Optional[Mapping[str, Any]] = None,
     return found
 
 
+def _value(identity: Mapping[str, Any], key: str) -> str:
+    """A setting as the refusal shows it; an identity leaves out settings at their default
+    (``precision`` of an fp32 run, say)."""
+    return repr(identity[key]) if key in identity else "the default (not recorded)"
+
+
 def check_identity(folder: str, found: Mapping[str, Any], identity: Mapping[str, Any],
                    what: str) -> None:
     """Refuse ``folder`` when its marker records another identity (keys that differ named)."""
     theirs = found.get("identity") or {}
     differ = sorted(k for k in set(theirs) | set(identity) if theirs.get(k) != identity.get(k))
     if differ:
-        shown = "; ".join(f"{k}: folder has {theirs.get(k)!r}, this run {identity.get(k)!r}"
+        shown = "; ".join(f"{k}: folder has {_value(theirs, k)}, this run {_value(identity, k)}"
                           for k in differ[:3])
         raise InputError(f"{what} {folder} belongs to another run ({shown}); give a new "
                          "folder")
