@@ -14,6 +14,36 @@ from gnnpar.kernels.local import SparseOperator, csr_tensor
 pytestmark = pytest.mark.skipif(not cpu_spmm.available(), reason="numba kernel not available")
 
 
+@pytest.fixture(autouse=True)
+def kernel_for_every_size(monkeypatch):
+    """The test matrices are small: serve them with the kernel, not torch (the size rule)."""
+    monkeypatch.setattr(cpu_spmm, "MIN_WIDTH", 0)
+    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 0)
+
+
+def test_size_rule_sends_narrow_and_small_products_to_torch(monkeypatch):
+    calls = []
+    real = cpu_spmm._compiled
+
+    def spy():
+        numba, kernels = real()
+        return numba, {k: (lambda *a, _k=k: calls.append(1) or kernels[_k](*a))
+                       for k in kernels}
+    monkeypatch.setattr(cpu_spmm, "_compiled", spy)
+    monkeypatch.setattr(cpu_spmm, "MIN_WIDTH", 32)
+    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 1000)
+    A = _random_csr(50, 70, 0.3, 0)  # ~1050 entries
+    for f, kernel in ((16, False), (32, True), (64, True)):
+        calls.clear()
+        h = torch.randn(70, f)
+        assert torch.equal(csr_mm(A, h), torch.sparse.mm(A, h))
+        assert bool(calls) == kernel, f
+    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 10 ** 9)
+    calls.clear()
+    csr_mm(A, torch.randn(70, 64))
+    assert not calls
+
+
 def _random_csr(n_dst, n_src, density, seed, empty_rows=()):
     rng = np.random.default_rng(seed)
     dense = (rng.random((n_dst, n_src)) < density) * rng.standard_normal((n_dst, n_src))

@@ -102,6 +102,13 @@ MATRICES = list(_matrices())
 PATHS = ["numba", "torch"] if cpu_spmm.available() else ["torch"]
 
 
+@pytest.fixture
+def kernel_for_every_size(monkeypatch):
+    """The test matrices are small: serve them with the kernel, not torch (the size rule)."""
+    monkeypatch.setattr(cpu_spmm, "MIN_WIDTH", 0)
+    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 0)
+
+
 def _within_bf16(z, A, h):
     """|z − A·h| ≤ 2·2⁻⁸·(|A|·|h|) + tiny: the input's rounding and the output's, each at
     most 2⁻⁸ relative, and nothing more (fp32 sums are exact to far below that)."""
@@ -113,7 +120,8 @@ def _within_bf16(z, A, h):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,A", MATRICES, ids=[m[0] for m in MATRICES])
 @pytest.mark.parametrize("f", [1, 16, 130])
-def test_csr_mm_on_bf16_sums_in_fp32_and_rounds_once(monkeypatch, path, name, A, f):
+def test_csr_mm_on_bf16_sums_in_fp32_and_rounds_once(monkeypatch, kernel_for_every_size, path,
+                                                     name, A, f):
     monkeypatch.setenv(cpu_spmm.ENV, path)
     h = torch.randn(A.shape[1], f, generator=torch.Generator().manual_seed(f))
     hb = h.bfloat16()
@@ -130,7 +138,8 @@ def test_csr_mm_on_bf16_sums_in_fp32_and_rounds_once(monkeypatch, path, name, A,
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,A", MATRICES, ids=[m[0] for m in MATRICES])
-def test_operator_forward_and_backward_in_bf16(monkeypatch, path, name, A):
+def test_operator_forward_and_backward_in_bf16(monkeypatch, kernel_for_every_size, path, name,
+                                               A):
     monkeypatch.setenv(cpu_spmm.ENV, path)
     crow, col, val = A.crow_indices(), A.col_indices(), A.values()
     op = SparseOperator(crow.numpy(), col.numpy(), val.numpy(), tuple(A.shape))
