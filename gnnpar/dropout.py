@@ -1,24 +1,24 @@
-"""Dropout with a cheap mask: 16 random bits per element from 64-bit draws.
+"""Dropout (and ReLU before it) with a mask drawn from a hash, not from per-element draws.
 
 ``torch.nn.functional.dropout`` draws one Bernoulli sample per element through the generic
 path, which on CPU costs several times a full pass over the tensor (measured: 230 ms for
-32k × 256 where filling 64-bit words takes ~3 ms). Here the mask comes from
-``int64.random_`` viewed as int16 lanes: element kept when its lane ≥ a threshold. The drop
-probability is rounded to a multiple of 1/65536 (0.5 is exact) and the scale uses that rounded
-probability, so the expectation is exactly preserved. Deterministic per torch seed.
+32k × 256 where filling 64-bit words takes ~3 ms). Here each call draws one seed from torch's
+generator and element i is kept when a 16-bit lane of a hash of (seed, i // 4) is at least a
+threshold (:mod:`gnnpar.kernels.cpu_dropout`). The drop probability is rounded to a multiple
+of 1/65536 (0.5 is exact) and the scale uses that rounded probability, so the expectation is
+exactly preserved. Deterministic per torch seed, and the same masks on both CPU paths:
 
-The mask is materialised once as float32 with the scale folded in (measured on 65k × 256:
-a bool-mask ``torch.where`` takes 44–75 ms, a float multiply 27 ms), so forward and backward
-are one multiply each.
+- with numba, one compiled pass applies the mask (after ReLU, for :func:`relu_dropout`) and
+  scales, and the backward recomputes the mask from the seed — no mask is stored;
+- without (no numba, or a rank launched by ``mpirun``, where the compiled thread pool is not
+  used), the same keep decisions are computed with numpy into a float mask with the scale
+  folded in, and forward and backward are one multiply each.
 
-On CPUs with numba (:mod:`gnnpar.kernels.cpu_dropout`) float32 tensors skip all of that:
-one compiled pass draws the mask from a hash of a seed and the element's position, applies it
-(after ReLU, for :func:`relu_dropout`) and scales, and the backward recomputes the mask from
-the seed — no mask is stored. The seed is one draw of torch's generator, so runs stay
-deterministic per torch seed.
+So a run gives the same numbers launched by ``mpirun`` or with ``--nprocs``. On CUDA, torch's
+fused dropout kernel is already cheap and is used as it is.
 
-Shapes: x (…) → same shape; the scaled float mask (torch path) or the seed (compiled path) is
-kept for the backward.
+Shapes: x (…) → same shape; the seed (compiled path) or the scaled float mask is kept for the
+backward.
 """
 from __future__ import annotations
 
@@ -28,22 +28,26 @@ from torch.nn import functional as F
 from gnnpar.kernels import cpu_dropout
 
 
-def _scaled_mask(shape, p: float, device, dtype) -> torch.Tensor:
-    numel = 1
-    for s in shape:
-        numel *= s
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
-    words.random_(-2 ** 63, 2 ** 63 - 1)
-    lanes = words.view(torch.int16)[:numel].view(shape)
+def _units(p: float):
+    """(drop threshold in 1/65536 units, scale of the kept elements)."""
     drop_units = int(round(p * 65536))
-    mask = (lanes >= (drop_units - 32768)).to(dtype)
-    return mask.mul_(65536.0 / (65536 - drop_units))
+    return drop_units, 65536.0 / (65536 - drop_units)
+
+
+def _seed() -> int:
+    return int(torch.randint(0, 2 ** 62, (1,)))
+
+
+def _scaled_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    drop_units, scale = _units(p)
+    keep = cpu_dropout.keep_mask(x.numel(), _seed(), drop_units)
+    return torch.from_numpy(keep).view(x.shape).to(x.dtype).mul_(scale)
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
-        mask = _scaled_mask(x.shape, p, x.device, x.dtype)
+        mask = _scaled_mask(x, p)
         ctx.save_for_backward(mask)
         return x * mask
 
@@ -53,18 +57,12 @@ class _Dropout(torch.autograd.Function):
         return grad * mask, None
 
 
-def _units(p: float):
-    """(drop threshold in 1/65536 units, scale of the kept elements)."""
-    drop_units = int(round(p * 65536))
-    return drop_units, 65536.0 / (65536 - drop_units)
-
-
 class _CompiledDropout(torch.autograd.Function):
     """One compiled pass each way (module docstring); ``relu`` applies ReLU first."""
 
     @staticmethod
     def forward(ctx, x, p, relu):
-        ctx.seed = int(torch.randint(0, 2 ** 62, (1,)))
+        ctx.seed = _seed()
         ctx.units, ctx.relu = _units(p), relu
         out = cpu_dropout.masked_scale(x, x, ctx.seed, *ctx.units, relu)
         ctx.save_for_backward(out if relu else x.new_empty(0))
@@ -92,7 +90,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if cpu_dropout.usable(x):
         return _CompiledDropout.apply(x, p, False)
     if not x.requires_grad:
-        return x * _scaled_mask(x.shape, p, x.device, x.dtype)
+        return x * _scaled_mask(x, p)
     return _Dropout.apply(x, p)
 
 

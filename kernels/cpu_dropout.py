@@ -78,6 +78,19 @@ def _compiled():
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def keep_mask(numel: int, seed: int, drop_units: int) -> np.ndarray:
+    """The kernel's keep decisions as a bool array, computed with numpy (the path without
+    numba, or under MPI, draws the same masks from the same seed)."""
+    g = np.arange((numel + 3) // 4, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + g * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    lanes = np.stack([(z >> np.uint64(16 * k)) & np.uint64(0xFFFF) for k in range(4)], axis=1)
+    return lanes.reshape(-1)[:numel] >= np.uint64(drop_units)
+
+
 def usable(x: torch.Tensor) -> bool:
     """Whether the compiled pass serves ``x`` (a CPU tensor of :data:`DTYPES`, numba
     available)."""

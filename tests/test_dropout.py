@@ -91,3 +91,22 @@ def test_bf16_draws_the_fp32_masks():
     torch.manual_seed(4)
     b = relu_dropout(x.bfloat16(), 0.5)
     assert b.dtype == torch.bfloat16 and torch.equal(a != 0, b != 0)
+
+
+def test_both_cpu_paths_draw_the_same_masks(monkeypatch):
+    """An mpirun rank (no compiled pass) and an --nprocs rank give the same numbers."""
+    if not cpu_dropout.usable(torch.ones(1)):
+        pytest.skip("numba is not available")
+    x = torch.randn(123, 45, requires_grad=True)
+    outs = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(cpu_dropout, "usable", lambda t: False)
+        torch.manual_seed(7)
+        a = dropout(x, 0.3)
+        b = relu_dropout(x, 0.5)
+        x.grad = None
+        (a.sum() + (b * 3).sum()).backward()
+        outs.append((a.detach(), b.detach(), x.grad.clone()))
+    for first, second in zip(*outs):
+        assert torch.equal(first, second)
