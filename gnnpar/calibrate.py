@@ -31,7 +31,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from gnnpar.datasets import load_dataset
+from gnnpar.datasets import InputError, load_dataset
+from gnnpar.datasets.owned import check_writable_folder
 from gnnpar.kernels.comm import Comm
 from gnnpar.kernels.cost_model import Machine, Structure, epoch_work
 from gnnpar.kernels.cpu_spmm import csr_mm
@@ -148,10 +149,32 @@ def calibrate(threads: int = 1, quick: bool = False) -> dict:
             "probe_s": round(time.perf_counter() - t0, 3), "link": link, "epoch": rest}
 
 
+def check_target(path: str) -> None:
+    """Refuse to write the record over anything but an earlier calibration file (a user's
+    file at that path is kept), into a folder, or where it cannot be written."""
+    if os.path.isdir(path):
+        raise InputError(f"--calibration {path} is a folder; give a file path")
+    if os.path.exists(path):
+        try:
+            Machine.load(path)
+        except InputError:
+            raise InputError(f"--calibration {path} exists and is not a calibration file; "
+                             "it is kept: give another path") from None
+    check_writable_folder(os.path.dirname(os.path.abspath(path)), "--calibration",
+                          f"--calibration {path}")
+
+
 def save(record: dict, path: str) -> None:
-    with open(path, "w") as fh:
-        json.dump(record, fh, indent=1)
-        fh.write("\n")
+    """Write the record whole or not at all (a temporary file renamed over ``path``)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(record, fh, indent=1)
+            fh.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def machine_for(path: Optional[str]) -> Optional[Machine]:

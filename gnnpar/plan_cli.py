@@ -27,7 +27,8 @@ from gnnpar.datasets.limits import MAX_BYTES_ENV, parse_bytes
 from gnnpar.kernels.cost_model import Machine, Structure, rank_algorithms
 from gnnpar.partitioners import partition_graph
 
-from .calibrate import CALIBRATION_ENV, DEFAULT_PATH, calibrate, machine_for, save
+from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
+                        check_target as check_calibration_target, machine_for, save)
 from .cli_common import run_cli
 
 PROG = "gnnpar-plan"
@@ -169,6 +170,7 @@ def run_calibrate(args) -> int:
     if args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     path = args.calibration or DEFAULT_PATH
+    check_calibration_target(path)  # before the probe: a refusal costs no seconds
     record = calibrate(threads=args.threads)
     save(record, path)
     print(f"wrote {path}: bandwidth {record['bandwidth'] / 1e9:.3g} GB/s, latency "

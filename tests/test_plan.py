@@ -127,3 +127,25 @@ def test_partitioned_plan_is_per_busiest_rank(capsys):
     assert halo["bytes"] < one_d["bytes"]  # METIS on 4 planted blocks: few rows cross
     assert main(["--nodes", "10", "--edges", "20", "--world", "2", "--partitioner",
                  "metis"]) == 2
+
+
+def test_calibrate_keeps_a_file_that_is_not_a_calibration(tmp_path, monkeypatch, capsys):
+    import gnnpar.plan_cli as plan_cli
+
+    def probe(**kw):
+        raise AssertionError("the probe ran before the target was checked")
+    monkeypatch.setattr(plan_cli, "calibrate", probe)
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}\n')
+    assert main(["--calibrate", "--calibration", str(notes)]) == 2
+    assert "is not a calibration file" in capsys.readouterr().err
+    assert notes.read_text() == '{"mine": 1}\n'
+    assert main(["--calibrate", "--calibration", str(tmp_path)]) == 2
+    # an earlier calibration file is replaced, whole
+    old = tmp_path / "cal.json"
+    save({**Machine().to_dict()}, str(old))
+    record = {**Machine(bandwidth=1e9).to_dict(), "threads": 1, "probe_s": 0.0}
+    monkeypatch.setattr(plan_cli, "calibrate", lambda **kw: record)
+    assert main(["--calibrate", "--calibration", str(old)]) == 0
+    assert Machine.load(str(old)).bandwidth == 1e9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json", "notes.json"]
