@@ -22,7 +22,7 @@ import functools
 import numpy as np
 import torch
 
-from .cpu_spmm import _LOCK, available
+from .cpu_spmm import available, pool_threads, run_parallel
 
 #: elements per parallel chunk (a multiple of 4: one hash serves four elements)
 CHUNK = 1 << 16
@@ -110,9 +110,7 @@ def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: i
     if src.numel() == 0:
         return out.to(dtype)
     numba, kernel = _compiled()
-    with _LOCK:
-        numba.set_num_threads(max(1, min(torch.get_num_threads(),
-                                         numba.config.NUMBA_NUM_THREADS)))
-        kernel(src.view(-1).numpy(), cond.view(-1).numpy(), out.view(-1).numpy(),
-               np.uint64(seed), np.uint64(drop_units), np.float32(scale), bool(relu))
+    run_parallel(numba, pool_threads(numba), kernel, src.view(-1).numpy(),
+                 cond.view(-1).numpy(), out.view(-1).numpy(), np.uint64(seed),
+                 np.uint64(drop_units), np.float32(scale), bool(relu))
     return out.to(dtype)

@@ -187,10 +187,21 @@ def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> t
         return out.zero_()
     indptr = A.crow_indices().numpy()
     numba, kernels = _compiled()
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    bounds = row_blocks(indptr, threads * BLOCKS_PER_THREAD)
+    threads = pool_threads(numba)
+    run_parallel(numba, threads, kernels[h.dtype], indptr, A.col_indices().numpy(),
+                 A.values().detach().numpy(), _bits(h), _bits(out),
+                 row_blocks(indptr, threads * BLOCKS_PER_THREAD))
+    return out
+
+
+def pool_threads(numba) -> int:
+    """Threads a compiled call may use: torch's intra-op count, within numba's pool."""
+    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+def run_parallel(numba, threads: int, kernel, *args):
+    """Call a compiled ``parallel=True`` kernel on ``threads`` of numba's pool, one call at a
+    time (the pool must not be entered by two threads at once; see the module docstring)."""
     with _LOCK:
         numba.set_num_threads(threads)
-        kernels[h.dtype](indptr, A.col_indices().numpy(), A.values().detach().numpy(),
-                         _bits(h), _bits(out), bounds)
-    return out
+        return kernel(*args)
