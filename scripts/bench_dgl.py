@@ -292,14 +292,10 @@ def main(argv=None) -> int:
     load1 = os.getloadavg()[0]
     print(f"load average {load0:.2f} at start, {load1:.2f} at end"
           + (" (busy machine: numbers are noisy)" if max(load0, load1) > 2 else ""))
-    line = json.dumps({"args": {k: sorted(v) if isinstance(v, set) else v
-                                for k, v in vars(args).items()},
-                       "dgl": dg[scales[0]].hello if scales else None, "results": res,
-                       "load_average": [load0, load1]})
-    print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
+    bench_sampling.emit({"args": {k: sorted(v) if isinstance(v, set) else v
+                                  for k, v in vars(args).items()},
+                         "dgl": dg[scales[0]].hello if scales else None, "results": res,
+                         "load_average": [load0, load1]}, args.json)
     return 0
 
 

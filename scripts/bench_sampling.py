@@ -290,12 +290,17 @@ def main(argv=None) -> int:
     if "stall" in parts:
         result["stall"] = stall(graph, args)
     result["load_average_end"] = os.getloadavg()[0]
+    emit(result, args.json)
+    return 0
+
+
+def emit(result: dict, path=None) -> None:
+    """Print ``result`` as one JSON line, and write that line to ``path`` when given."""
     line = json.dumps(result)
     print(line)
-    if args.json:
-        with open(args.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             f.write(line + "\n")
-    return 0
 
 
 if __name__ == "__main__":
