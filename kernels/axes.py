@@ -8,9 +8,8 @@ output rows along another. Two strategies, chosen once when an operator is built
 - :class:`HaloAxis` (``halo``): only the rows some non-zero touches move — a compacted plan
   (:class:`~gnnpar.kernels.halo.HaloPlan`), own rows first, then the touched remote rows.
 
-Each gives the blocking ``gather``/``reduce`` and the issued form the overlapped product uses
-(:mod:`kernels.overlap`): its ``cut`` (which positions this rank holds), ``start_gather``,
-``start_reduce`` and ``finish_reduce``.
+Each gives what the overlapped product (:mod:`kernels.overlap`) asks of an axis: its ``cut``
+(which positions this rank holds), ``start_gather``, ``start_reduce`` and ``finish_reduce``.
 """
 from __future__ import annotations
 
@@ -38,12 +37,6 @@ class DenseAxis:
         """(positions of the non-zeros on the axis, the strategy)."""
         return np.concatenate([[0], np.cumsum(sizes)])[member] + local, cls(comm, axis, sizes)
 
-    def gather(self, h):
-        return torch.cat(self.comm.all_gather(h, self.axis, self.sizes))
-
-    def reduce(self, y):
-        return self.comm.reduce_scatter(y, self.axis, self.sizes)
-
     def start_gather(self, h):
         return _Stacked(self.comm.start_all_gather(h, self.axis, self.sizes))
 
@@ -67,12 +60,6 @@ class HaloAxis:
     def build(cls, comm: Comm, axis, member, local, sizes, n_own, device=None):
         pos, plan = compact_plan(comm, axis, member, local, n_own, device)
         return pos, cls(comm, axis, plan, n_own)
-
-    def gather(self, h):
-        return self.plan.gather(self.comm, h, self.axis)
-
-    def reduce(self, y):
-        return self.plan.scatter_back(self.comm, y, self.n_own, self.axis)
 
     def start_gather(self, h):
         return self.plan.start_gather(self.comm, h, self.axis)

@@ -44,10 +44,6 @@ class HaloPlan:
         return comm.start_all_to_all(h.index_select(0, self.send_local), self.send_counts,
                                      self.recv_counts, axes)
 
-    def gather(self, comm: Comm, h: torch.Tensor, axes) -> torch.Tensor:
-        """[h; the halo rows] (n_local + n_halo, f)."""
-        return torch.cat([h, self.start_gather(comm, h, axes).wait()], dim=0)
-
     def start_return(self, comm: Comm, g_halo: torch.Tensor, axes) -> Pending:
         """The halo rows' gradients sent back to their owners, issued."""
         return comm.start_all_to_all(g_halo.contiguous(), self.recv_counts, self.send_counts,
@@ -56,8 +52,3 @@ class HaloPlan:
     def add_returned(self, g_own: torch.Tensor, back: torch.Tensor) -> torch.Tensor:
         """Own rows' gradient plus what their users sent back (:meth:`start_return`)."""
         return g_own.index_add(0, self.send_local, back)
-
-    def scatter_back(self, comm: Comm, g_ext: torch.Tensor, n_local: int, axes) -> torch.Tensor:
-        """Gradient of :meth:`gather`: own rows plus the halo gradients their users send back."""
-        return self.add_returned(g_ext[:n_local],
-                                 self.start_return(comm, g_ext[n_local:], axes).wait())
