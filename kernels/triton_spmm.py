@@ -1,17 +1,31 @@
 """CSR × dense on GPUs: a row-split Triton kernel with fp32 accumulation.
 
-``Z = A · H``: program (i, t) computes row i of Z for feature columns
-``[t·BLOCK_F, (t+1)·BLOCK_F)``. It walks row i's entries ``BLOCK_E`` at a time, gathers the
+``Z = A · H``: program (p, t) computes ``ROWS`` rows of Z for the feature columns
+``[t·BLOCK_F, (t+1)·BLOCK_F)``. It walks each row's entries ``BLOCK_E`` at a time, gathers the
 H rows they name (fp32, bf16 or fp16 — read at their own width, so bf16 features halve the
 gather traffic), multiplies by the entry values and sums in fp32, and stores the row once in
-H's dtype. One program per row and feature tile: no atomics, no partial outputs.
+H's dtype. Each output row is written by exactly one program: no atomics, no partial outputs,
+and the same sums in the same order on every run.
 
-Selected by ``GNNPAR_SPMM_GPU=triton`` (:func:`gnnpar.kernels.cpu_spmm.csr_mm` routes CUDA
-products here then; by default they stay on cuSPARSE through ``torch.sparse.mm`` until the
-kernel is measured faster on the GPU at hand — ``scripts/bench_spmm.py --device cuda``).
-Without Triton (CPU-only torch wheels do not ship it) nothing here is used. The tests run the
-same kernel on CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``) and compare it
-with ``torch.sparse.mm``.
+Rows are visited longest first (:func:`row_order`, computed once per matrix and kept): on
+power-law graphs a hub row of 10⁴–10⁵ entries is one program's serial loop, and started last
+it would run alone at the end of the launch. Longest-first is the classic list-scheduling fix,
+and it also puts rows of similar length into one program when ``ROWS > 1``.
+
+The tile shape (``BLOCK_F``, ``BLOCK_E``, ``ROWS``, warps) is tuned: the first product of
+each (GPU, dtype, width class) times every :data:`CANDIDATES` tile on its own operands and
+keeps the fastest for the rest of the process (:func:`tuned`; about a second per class, the
+compiled tiles are cached on disk by Triton). ``GNNPAR_TRITON_CONFIG=BF,BE,R,W`` fixes the
+tile, and so does :func:`torch.use_deterministic_algorithms` (to :func:`config_for`'s): tiles
+may sum a row's terms in different orders, so a tile chosen by timing can differ in the last
+bits from one process to the next. ``scripts/bench_spmm.py --device cuda --sweep`` prints
+every tile's time.
+
+Selected by ``GNNPAR_SPMM_GPU`` (:func:`selected`; :func:`gnnpar.kernels.cpu_spmm.csr_mm`
+routes CUDA products here then): ``triton`` uses this kernel, ``cusparse`` keeps
+``torch.sparse.mm``; unset means :data:`DEFAULT`. Without Triton (CPU-only torch wheels do not
+ship it) nothing here is used. The tests run the same kernel on CPU tensors in Triton's
+interpreter (``TRITON_INTERPRET=1``) and compare it with ``torch.sparse.mm``.
 
 Shapes: ``indptr`` (n_dst+1,), ``indices`` (nnz,) int32/int64, ``values`` (nnz,), H
 (n_src, f) → Z (n_dst, f).
@@ -21,11 +35,30 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from typing import NamedTuple
 
 import torch
 
 ENV = "GNNPAR_SPMM_GPU"
-BLOCK_E = 32
+CONFIG_ENV = "GNNPAR_TRITON_CONFIG"
+#: what CUDA products use when ``GNNPAR_SPMM_GPU`` is unset
+DEFAULT = "cusparse"
+MODES = ("triton", "cusparse")
+
+
+class Config(NamedTuple):
+    """A launch's tile: feature columns per program, entries per step, rows per program,
+    warps per program."""
+    block_f: int
+    block_e: int
+    rows: int
+    warps: int
+
+
+#: the tiles ``bench_spmm.py --sweep`` times (block_f is capped at the width's power of two)
+CANDIDATES = tuple(Config(*c) for c in (
+    (64, 16, 1, 2), (64, 32, 1, 4), (128, 16, 1, 4), (128, 32, 1, 4), (128, 32, 1, 8),
+    (256, 16, 1, 8), (128, 16, 4, 4), (128, 8, 4, 2)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,9 +68,100 @@ def available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def mode() -> str:
+    """``GNNPAR_SPMM_GPU``, or :data:`DEFAULT` when unset; ValueError for anything else."""
+    m = os.environ.get(ENV) or DEFAULT
+    if m not in MODES:
+        raise ValueError(f"{ENV} must be one of {', '.join(MODES)}, got {m!r}")
+    return m
+
+
 def selected(h: torch.Tensor) -> bool:
-    """Whether CUDA products go through this kernel (``GNNPAR_SPMM_GPU=triton``)."""
-    return h.device.type == "cuda" and os.environ.get(ENV) == "triton" and available()
+    """Whether this CUDA product goes through this kernel."""
+    return h.device.type == "cuda" and mode() == "triton" and available()
+
+
+def _pow2(f: int, low: int = 16) -> int:
+    b = low
+    while b < f:
+        b *= 2
+    return b
+
+
+def capped(c: Config, f: int) -> Config:
+    """``c`` with no more feature columns a program than width ``f`` needs (a power of two)."""
+    return c._replace(block_f=min(c.block_f, _pow2(f)))
+
+
+def fixed_config() -> Config:
+    """``GNNPAR_TRITON_CONFIG`` as a :class:`Config`, or None when unset."""
+    env = os.environ.get(CONFIG_ENV)
+    if not env:
+        return None
+    try:
+        c = Config(*(int(x) for x in env.split(",")))
+    except (TypeError, ValueError):
+        raise ValueError(f"{CONFIG_ENV} must be BLOCK_F,BLOCK_E,ROWS,WARPS, got {env!r}")
+    if min(c) < 1 or any(x & (x - 1) for x in (c.block_f, c.block_e, c.warps)):
+        raise ValueError(f"{CONFIG_ENV}: BLOCK_F, BLOCK_E and WARPS must be powers of two "
+                         f"and ROWS at least 1, got {env!r}")
+    return c
+
+
+def config_for(f: int, dtype: torch.dtype) -> Config:
+    """The untuned tile for width ``f`` (``GNNPAR_TRITON_CONFIG`` overrides): 128 feature
+    columns a program at most, 32 entries a step."""
+    return capped(fixed_config() or Config(128, 32, 1, 4 if f > 32 else 2), f)
+
+
+_TUNED: dict = {}
+
+
+def tuned(A: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> Config:
+    """The fastest :data:`CANDIDATES` tile for products like ``A @ h`` on this GPU, timed on
+    the first such product (two launches each after a warm-up one) and kept per (device, h's
+    dtype, width rounded up to a power of two). :func:`config_for`'s tile where the tile is
+    fixed (see the module docstring) or outside CUDA (Triton's interpreter)."""
+    f = h.shape[1]
+    if (h.device.type != "cuda" or fixed_config() is not None
+            or torch.are_deterministic_algorithms_enabled()):
+        return config_for(f, h.dtype)
+    key = (h.device.index, h.dtype, _pow2(f))
+    if key not in _TUNED:
+        order, times = row_order(A), {}
+        for c in dict.fromkeys(capped(c, f) for c in CANDIDATES):
+            launch = functools.partial(_launch, A, h, out, c, order)
+            launch()
+            start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            launch()
+            launch()
+            stop.record()
+            stop.synchronize()
+            times[c] = start.elapsed_time(stop)
+        _TUNED[key] = min(times, key=times.get)
+    return _TUNED[key]
+
+
+_ORDERS: dict = {}
+
+
+def row_order(A: torch.Tensor) -> torch.Tensor:
+    """A's row ids, longest row first (int32, on A's device), kept per matrix.
+
+    Kept by (device, address of the row pointers, rows, entries): a later matrix at the same
+    address with the same sizes gets the kept order, which is still a permutation of its rows
+    — so at worst a slower launch, never a wrong result."""
+    crow = A.crow_indices()
+    key = (str(crow.device), crow.data_ptr(), A.shape[0], int(A.values().shape[0]))
+    order = _ORDERS.get(key)
+    if order is None:
+        lengths = crow[1:] - crow[:-1]
+        order = torch.argsort(lengths, descending=True, stable=True).to(torch.int32)
+        if len(_ORDERS) >= 16:
+            _ORDERS.pop(next(iter(_ORDERS)))
+        _ORDERS[key] = order
+    return order
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,46 +172,51 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def _row_split(indptr, indices, values, h, out, f, stride_h, stride_out,
-                   BLOCK_F: tl.constexpr, BLOCK_E: tl.constexpr):  # pragma: no cover
-        row = tl.program_id(0)
+    def _row_split(indptr, indices, values, order, h, out, n_rows, f, stride_h, stride_out,
+                   BLOCK_F: tl.constexpr, BLOCK_E: tl.constexpr,
+                   ROWS: tl.constexpr):  # pragma: no cover
         cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fmask = cols < f
-        start = tl.load(indptr + row).to(tl.int64)
-        end = tl.load(indptr + row + 1).to(tl.int64)
-        acc = tl.zeros([BLOCK_F], dtype=tl.float32)
-        for e0 in range(start, end, BLOCK_E):
-            e = e0 + tl.arange(0, BLOCK_E)
-            emask = e < end
-            c = tl.load(indices + e, mask=emask, other=0).to(tl.int64)
-            v = tl.load(values + e, mask=emask, other=0.0).to(tl.float32)
-            hv = tl.load(h + c[:, None] * stride_h + cols[None, :],
-                         mask=emask[:, None] & fmask[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(v[:, None] * hv, axis=0)
-        tl.store(out + row * stride_out + cols, acc.to(out.dtype.element_ty), mask=fmask)
+        for r in range(ROWS):
+            slot = tl.program_id(0) * ROWS + r
+            if slot < n_rows:
+                row = tl.load(order + slot).to(tl.int64)
+                start = tl.load(indptr + row).to(tl.int64)
+                end = tl.load(indptr + row + 1).to(tl.int64)
+                acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+                for e0 in range(start, end, BLOCK_E):
+                    e = e0 + tl.arange(0, BLOCK_E)
+                    emask = e < end
+                    c = tl.load(indices + e, mask=emask, other=0).to(tl.int64)
+                    v = tl.load(values + e, mask=emask, other=0.0).to(tl.float32)
+                    hv = tl.load(h + c[:, None] * stride_h + cols[None, :],
+                                 mask=emask[:, None] & fmask[None, :], other=0.0)
+                    acc += tl.sum(v[:, None] * hv.to(tl.float32), axis=0)
+                tl.store(out + row * stride_out + cols, acc.to(out.dtype.element_ty),
+                         mask=fmask)
 
     return _row_split, triton.cdiv
 
 
-def block_f(f: int) -> int:
-    """Feature tile: the next power of two of f, between 16 and 128."""
-    b = 16
-    while b < f and b < 128:
-        b *= 2
-    return b
-
-
-def csr_mm(A: torch.Tensor, h: torch.Tensor, out=None) -> torch.Tensor:
-    """``A @ h`` by the Triton kernel (A a CSR tensor on h's device; no autograd)."""
+def csr_mm(A: torch.Tensor, h: torch.Tensor, out=None, config: Config = None,
+           order: torch.Tensor = None) -> torch.Tensor:
+    """``A @ h`` by the Triton kernel (A a CSR tensor on h's device; no autograd), with the
+    tile of :func:`config_for` and the rows in :func:`row_order` unless ``config`` / ``order``
+    (a permutation of A's rows, int32) are given."""
     h = h.detach().contiguous()
     n_dst, f = A.shape[0], h.shape[1]
     if out is None:
         out = torch.empty((n_dst, f), dtype=h.dtype, device=h.device)
     if n_dst == 0 or f == 0:
         return out.zero_()
-    bf = block_f(f)
-    kernel, cdiv = _kernel()
-    grid = (n_dst, cdiv(f, bf))
-    kernel[grid](A.crow_indices(), A.col_indices(), A.values().detach(), h, out, f,
-                     h.stride(0), out.stride(0), BLOCK_F=bf, BLOCK_E=BLOCK_E)
+    _launch(A, h, out, config or tuned(A, h, out), row_order(A) if order is None else order)
     return out
+
+
+def _launch(A, h, out, c: Config, order) -> None:
+    kernel, cdiv = _kernel()
+    n_dst, f = A.shape[0], h.shape[1]
+    kernel[(cdiv(n_dst, c.rows), cdiv(f, c.block_f))](
+        A.crow_indices(), A.col_indices(), A.values().detach(), order, h, out, n_dst, f,
+        h.stride(0), out.stride(0), BLOCK_F=c.block_f, BLOCK_E=c.block_e, ROWS=c.rows,
+        num_warps=c.warps)

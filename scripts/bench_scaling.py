@@ -192,6 +192,8 @@ def main(argv=None) -> int:
                    predicted_compute_s=model["compute_s"], predicted_comm_s=model["comm_s"],
                    predicted_bytes_max_padded=model["bytes"])
         rows.append(row)
+        print(f"  {label} on {P}: epoch {row['epoch_s']:.3f} s, comm {row['comm_share']:.0%}, "
+              f"predicted {model['time_s']:.3f} s", file=sys.stderr, flush=True)
     base = {r["threads"]: r["epoch_s"] for r in rows if r["world_size"] == 1}
     for r in rows:
         r["speedup_1x1"] = base.get(1, float("nan")) / r["epoch_s"]

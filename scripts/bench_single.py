@@ -7,8 +7,15 @@
 An epoch is forward + backward + Adam step (3 layers, hidden 256 by default), timed as the
 median of ``--repeats`` epochs after ``--warmup`` epochs. Variants:
 
-- ``gnnpar``       — our serial trainer step (CSR SpMM with a stored transpose);
+- ``gnnpar``       — our serial trainer step (CSR SpMM with a stored transpose), fp32, with
+  CUDA products on the default GPU kernel (``kernels/triton_spmm.py``'s ``DEFAULT``);
+- on CUDA also ``gnnpar_triton`` / ``gnnpar_cusparse`` (the other GPU kernel, by
+  ``GNNPAR_SPMM_GPU``), and ``gnnpar_bf16`` / ``gnnpar_triton_bf16`` /
+  ``gnnpar_cusparse_bf16`` — the same step with ``--precision bf16`` (bf16 dense layers and
+  SpMM features, fp32 sums and master weights; ``gnnpar/precision.py``); ``--variants`` picks;
 - ``pyg_adj_t``    — PyG ``GCNConv(cached=True)`` on a torch sparse CSR ``adj_t``;
+- ``pyg_adj_t_bf16`` — the same under ``torch.autocast(bfloat16)`` (CUDA; reported as failed
+  where PyG's path refuses it);
 - ``pyg_edge_index`` — PyG ``GCNConv(cached=True)`` on ``edge_index`` (scatter path).
 
 Peak memory per variant: CUDA peak allocated bytes, or on CPU the peak RSS growth over the
@@ -17,8 +24,10 @@ variant (sampled every 2 ms). Prints a table and one JSON line with the ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import statistics
 import sys
 import threading
@@ -31,6 +40,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout without installing
 
 from gnnpar.datasets import load_dataset  # noqa: E402
+from gnnpar.kernels import triton_spmm  # noqa: E402
 from gnnpar.models import GNN  # noqa: E402
 from gnnpar.serial import SerialRuntime  # noqa: E402
 from gnnpar.trainer import train_step  # noqa: E402
@@ -97,15 +107,52 @@ def pyg_model(f_in, hidden, f_out, layers, dropout):
     return PygGCN()
 
 
-def pyg_step(model, x, adj, y, mask, opt):
+def pyg_step(model, x, adj, y, mask, opt, bf16=False):
     def step():
         model.train()
         opt.zero_grad(set_to_none=True)
-        out = model(x, adj)
-        loss = torch.nn.functional.cross_entropy(out[mask], y[mask])
+        with (torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16
+              else contextlib.nullcontext()):
+            out = model(x, adj)
+        loss = torch.nn.functional.cross_entropy(out[mask].float(), y[mask])
         loss.backward()
         opt.step()
     return step
+
+
+@contextlib.contextmanager
+def gpu_kernel(mode):
+    """``GNNPAR_SPMM_GPU=mode`` for the block (None: as it is)."""
+    old = os.environ.get(triton_spmm.ENV)
+    if mode:
+        os.environ[triton_spmm.ENV] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(triton_spmm.ENV, None)
+        else:
+            os.environ[triton_spmm.ENV] = old
+
+
+def gnnpar_variants(spec, device):
+    """``--variants``' gnnpar entries: name -> (GPU kernel or None, precision)."""
+    if spec == "auto":
+        spec = "fp32,bf16" if device.type == "cpu" else ",".join(
+            ["fp32", "bf16"] + [f"{m}{p}" for m in triton_spmm.MODES
+                                if m != triton_spmm.DEFAULT for p in ("", "-bf16")])
+    out = {}
+    for v in filter(None, spec.split(",")):
+        if "-" in v:  # KERNEL-PRECISION
+            kernel, _, prec = v.partition("-")
+        else:  # a kernel in fp32, or a precision on the default kernel
+            kernel, prec = (v, "fp32") if v in triton_spmm.MODES else ("", v)
+        if prec not in ("fp32", "bf16") or (kernel and kernel not in triton_spmm.MODES):
+            raise SystemExit(f"bench_single: unknown variant {v!r} (fp32, bf16, "
+                             f"{', '.join(triton_spmm.MODES)}, or KERNEL-bf16)")
+        name = "gnnpar" + (f"_{kernel}" if kernel else "") + ("_bf16" if prec == "bf16" else "")
+        out[name] = (kernel or None, prec)
+    return out
 
 
 def measure(name, make_step, device, args):
@@ -134,6 +181,10 @@ def main():
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device")
     p.add_argument("--skip", default="", help="comma list of variants to skip")
+    p.add_argument("--variants", default="auto",
+                   help="gnnpar's variants: comma list of fp32, bf16, triton, cusparse, "
+                        "triton-bf16, cusparse-bf16 (auto: fp32,bf16 and on CUDA the other "
+                        "GPU kernel in both)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -148,19 +199,23 @@ def main():
     mask = torch.as_tensor(np.asarray(g.train_mask)).to(device)
     results = {}
 
-    if "gnnpar" not in skip:
+    for name, (kernel, precision) in gnnpar_variants(args.variants, device).items():
+        if name in skip:
+            continue
+
         def ours():
             torch.manual_seed(0)
             model = GNN("gcn", f_in, args.hidden, f_out, args.layers, args.dropout).to(device)
             rt = SerialRuntime(g, "gcn", device)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
             count = float(rt.masks["train"].sum())
-            return lambda: train_step(model, opt, rt, count)
-        results["gnnpar"] = measure("gnnpar", ours, device, args)
+            return lambda: train_step(model, opt, rt, count, precision)
+        with gpu_kernel(kernel):
+            results[name] = measure(name, ours, device, args)
 
     src, dst = g.edges()
     if "pyg_adj_t" not in skip:
-        def pyg_adj():
+        def pyg_adj(bf16=False):
             torch.manual_seed(0)
             model = pyg_model(f_in, args.hidden, f_out, args.layers, args.dropout).to(device)
             n = g.num_nodes
@@ -170,8 +225,15 @@ def main():
                                             torch.ones(g.num_edges), (n, n),
                                             check_invariants=False).to(device)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
-            return pyg_step(model, x, adj_t, y, mask, opt)
+            return pyg_step(model, x, adj_t, y, mask, opt, bf16)
         results["pyg_adj_t"] = measure("pyg_adj_t", pyg_adj, device, args)
+        if device.type == "cuda" and "pyg_adj_t_bf16" not in skip:
+            try:
+                results["pyg_adj_t_bf16"] = measure(
+                    "pyg_adj_t_bf16", lambda: pyg_adj(bf16=True), device, args)
+            except Exception as e:  # noqa: BLE001 - PyG's path may refuse bf16: say so
+                print(f"  pyg_adj_t_bf16   failed: {type(e).__name__}: {e}"[:300],
+                      file=sys.stderr)
 
     if "pyg_edge_index" not in skip:
         def pyg_ei():
@@ -190,10 +252,11 @@ def main():
     summary = {"dataset": args.dataset, "n": g.num_nodes, "m": g.num_edges,
                "layers": args.layers, "hidden": args.hidden, "threads": args.threads,
                "device": args.device, **{k: v for k, v in results.items()}}
-    if base:
-        for other in ("pyg_adj_t", "pyg_edge_index"):
+    for mine in [k for k in results if k.startswith("gnnpar")]:
+        for other in ("pyg_adj_t", "pyg_adj_t_bf16", "pyg_edge_index"):
             if other in results:
-                summary[f"gnnpar_over_{other}"] = base / results[other]["epoch_s"]
+                summary[f"{mine}_over_{other}"] = (results[mine]["epoch_s"]
+                                                  / results[other]["epoch_s"])
     print(json.dumps(summary))
 
 

@@ -4,6 +4,7 @@
     python scripts/bench_spmm.py                                   # CPU: rmat:scale=16,ef=16, 2 threads
     python scripts/bench_spmm.py --dataset rmat:scale=17,ef=16 --widths 64,256 --threads 1,2
     python scripts/bench_spmm.py --device cuda --dataset rmat:scale=20,ef=16   # Triton vs cuSPARSE
+    python scripts/bench_spmm.py --device cuda --sweep    # + every Triton tile, and rows unsorted
 
 Â·H with the GCN-normalised Â of the dataset, H (n, f), for each width f: on the CPU the
 compiled kernel (kernels/cpu_spmm.py) for each thread count, fp32; on CUDA the Triton kernel
@@ -12,6 +13,11 @@ fp32 sums). The two run alternately, ``--repeats`` times each after a warm-up, a
 are reported with their ratio (ours / torch: below 1 is faster). ``GNNPAR_SPMM=torch``
 switches gnnpar's CPU products to torch's kernel; ``GNNPAR_SPMM_GPU=triton`` its CUDA ones to
 Triton.
+
+``--sweep`` (CUDA) also times every tile of ``triton_spmm.CANDIDATES`` and the default tile
+with the rows in their stored order instead of longest first, one JSON line each
+(``"variant"``), and prints the fastest tile per width and dtype: the figures behind
+``triton_spmm.config_for``.
 """
 from __future__ import annotations
 
@@ -49,7 +55,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="2")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cpu", help="cpu (numba kernel) or cuda (Triton)")
+    p.add_argument("--sweep", action="store_true",
+                   help="CUDA: also time every Triton tile and the unsorted row order")
     a = p.parse_args(argv)
+    if a.sweep and a.device != "cuda":
+        p.error("--sweep times Triton tiles: it needs --device cuda")
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     if not (triton_spmm.available() if cuda else available()):
@@ -61,7 +71,7 @@ def main(argv=None) -> int:
     A = csr_tensor(*propagation_matrix(g, "gcn"), (g.num_nodes, g.num_nodes), device)
     print(f"# {a.dataset} on {device}: n={g.num_nodes:,} nnz={A.values().shape[0]:,}",
           file=sys.stderr)
-    rows = []
+    rows, sweep = [], []
     dtypes = (torch.float32, torch.bfloat16) if cuda else (torch.float32,)
     for threads in ([1] if cuda else [int(t) for t in a.threads.split(",")]):
         torch.set_num_threads(threads)
@@ -83,12 +93,54 @@ def main(argv=None) -> int:
                 row["ratio"] = row["gnnpar_s"] / row["torch_s"]
                 rows.append(row)
                 print(json.dumps(row))
+                if a.sweep:
+                    sweep.extend(sweep_tiles(A, h, out, row, a.repeats, device))
     print("\n| threads | width | dtype | gnnpar | torch.sparse.mm | ratio |\n"
           "|---|---|---|---|---|---|", file=sys.stderr)
     for r in rows:
         print(f"| {r['threads']} | {r['width']} | {r['dtype']} | {r['gnnpar_s'] * 1e3:.2f} ms | "
               f"{r['torch_s'] * 1e3:.2f} ms | {r['ratio']:.2f} |", file=sys.stderr)
+    if sweep:
+        print("\n| width | dtype | default tile | fastest tile | its time | unsorted rows | "
+              "vs cuSPARSE |\n|---|---|---|---|---|---|---|", file=sys.stderr)
+        for r in rows:
+            mine = [s for s in sweep if (s["width"], s["dtype"]) == (r["width"], r["dtype"])]
+            tiles = [s for s in mine if s["variant"] == "tile" and "gnnpar_s" in s]
+            best = min(tiles, key=lambda s: s["gnnpar_s"]) if tiles else None
+            unsorted = [s["gnnpar_s"] for s in mine if s["variant"] == "unsorted"]
+            print(f"| {r['width']} | {r['dtype']} | {r['gnnpar_s'] * 1e3:.2f} ms | "
+                  f"{best['config'] if best else '-'} | "
+                  f"{best['gnnpar_s'] * 1e3 if best else float('nan'):.2f} ms | "
+                  f"{unsorted[0] * 1e3 if unsorted else float('nan'):.2f} ms | "
+                  f"{best['gnnpar_s'] / r['torch_s'] if best else float('nan'):.2f} |",
+                  file=sys.stderr)
     return 0
+
+
+def sweep_tiles(A, h, out, base, repeats, device):
+    """Every candidate tile (capped at the width) and the default tile with unsorted rows,
+    each timed ``repeats`` times after a warm-up: JSON lines like ``base`` plus
+    ``variant``/``config`` (a tile that fails to compile or launch is reported, not fatal)."""
+    f = h.shape[1]
+    tiles = dict.fromkeys(triton_spmm.capped(c, f) for c in triton_spmm.CANDIDATES)
+    ident = torch.arange(A.shape[0], dtype=torch.int32, device=device)
+    runs = [("tile", c, None) for c in tiles]
+    runs.append(("unsorted", triton_spmm.config_for(f, h.dtype), ident))
+    got = []
+    for variant, c, order in runs:
+        rec = {k: base[k] for k in ("device", "width", "dtype", "torch_s")}
+        rec.update(variant=variant, config=",".join(map(str, c)))
+        try:
+            def run():
+                triton_spmm.csr_mm(A, h, out, config=c, order=order)
+            run()
+            rec["gnnpar_s"] = statistics.median(timed(run, device) for _ in range(repeats))
+            rec["ratio"] = rec["gnnpar_s"] / rec["torch_s"]
+        except Exception as e:  # noqa: BLE001 - one tile's failure is a row of the sweep
+            rec["error"] = f"{type(e).__name__}: {e}"[:200]
+        print(json.dumps(rec))
+        got.append(rec)
+    return got
 
 
 if __name__ == "__main__":

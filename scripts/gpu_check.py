@@ -77,7 +77,7 @@ def rows(dev, out, work):
     # issue 14's kernel figures: Triton vs cuSPARSE at widths 64-512, fp32 and bf16 features
     row("bench-spmm", "bench", "triton vs cusparse", "-", 1,
         [PY, "scripts/bench_spmm.py", "--device", dev, "--dataset", "rmat:scale=20,ef=16",
-         "--widths", "64,256,512", "--repeats", "3"], timeout=240,
+         "--widths", "64,256,512", "--repeats", "3", "--sweep"], timeout=240,
         kind="bench" if dev == "cuda" else "skip")
     return R
 

@@ -12,7 +12,8 @@
 #      2x1x2x1 on 4 ranks (grouped: sampled on the host);
 #   5. scripts/bench_single.py at scale 20, scripts/bench_minibatch.py (rmat scale 20,
 #      3-layer SAGE 15,10,5, batch 1024: end to end vs compute only) and scripts/bench_spmm.py
-#      (Triton vs cuSPARSE, fp32 and bf16), each run alone after the rest.
+#      (Triton vs cuSPARSE, fp32 and bf16, every Triton tile: --sweep), each run alone after the
+#      rest.
 # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so world >= 2 runs use gloo on
 # CUDA tensors and NCCL runs at world size 1 only; the multi-rank NCCL legality is covered on CPU
 # by tests/test_comm_rule.py (process groups with a backend per device type: cpu:gloo,cuda:nccl).

@@ -143,3 +143,42 @@ def test_triton_spmm_on_cuda_matches_cusparse(monkeypatch):
     hb = torch.randn(n, 128, device="cuda").to(torch.bfloat16)
     torch.testing.assert_close(triton_spmm.csr_mm(A, hb).float(), (A @ hb.float()),
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_every_triton_tile_and_the_tuned_one_match_cusparse(monkeypatch):
+    """Each candidate tile, the tuned tile and the rows unsorted, on a power-law matrix with
+    empty rows, at widths 7, 64 and 256, fp32 to 1e-5; deterministic mode fixes the tile."""
+    from gnnpar.datasets import load_dataset
+    from gnnpar.datasets.normalize import propagation_matrix
+    from gnnpar.kernels import triton_spmm
+    from gnnpar.kernels.local import csr_tensor
+    g = load_dataset("rmat:scale=11,ef=8")
+    ip, ix, v = propagation_matrix(g, "mean")
+    n = g.num_nodes
+    dense = csr_tensor(ip, ix, v, (n, n), "cuda").to_dense()
+    dense[::7] = 0  # empty rows
+    A = dense.to_sparse_csr()
+    ident = torch.arange(n, dtype=torch.int32, device="cuda")
+    for f in (7, 64, 256):
+        h = torch.randn(n, f, device="cuda")
+        want = torch.sparse.mm(A, h)
+        for c in triton_spmm.CANDIDATES:
+            got = triton_spmm.csr_mm(A, h, config=triton_spmm.capped(c, f))
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=str(c))
+        torch.testing.assert_close(triton_spmm.csr_mm(A, h, order=ident), want, rtol=1e-5,
+                                   atol=1e-5)
+        torch.testing.assert_close(triton_spmm.csr_mm(A, h), want, rtol=1e-5, atol=1e-5)
+        assert triton_spmm.tuned(A, h, torch.empty_like(h)) in {
+            triton_spmm.capped(c, f) for c in triton_spmm.CANDIDATES}
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert triton_spmm.tuned(A, h, torch.empty_like(h)) == triton_spmm.config_for(256, h.dtype)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton")
+def test_every_algorithm_through_triton_world_1(monkeypatch):
+    """The distributed algorithms at world 1 with every CUDA product on the Triton kernel
+    equal the serial run (the children inherit GNNPAR_SPMM_GPU)."""
+    from gnnpar.kernels import triton_spmm
+    monkeypatch.setenv(triton_spmm.ENV, "triton")
+    check(spawn(_nccl_body, 1, backend="nccl", timeout_s=240))

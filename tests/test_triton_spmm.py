@@ -20,6 +20,8 @@ from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.kernels import triton_spmm
 from gnnpar.kernels.local import csr_tensor, transpose_csr
 
+CONFIGS = [triton_spmm.Config(64, 32, 4, 2), triton_spmm.Config(16, 32, 3, 1)]
+
 def cases():
     g = torch.Generator().manual_seed(0)
     for n, m, d, empty in ((50, 70, 0.1, ()), (40, 40, 0.2, range(0, 40, 3)), (1, 30, 0.5, ()),
@@ -44,6 +46,20 @@ for dense in cases():
             gb = triton_spmm.csr_mm(M, hb)
             assert gb.dtype == torch.bfloat16
             assert torch.allclose(gb.float(), D @ hb.float(), atol=2e-2, rtol=2e-2)
+            # other tiles (several rows a program, narrower columns) and the rows in their own
+            # order give the same sums in the same order: equal bit for bit; a shorter step
+            # sums in another order
+            if f != 64:
+                continue
+            ident = torch.arange(M.shape[0], dtype=torch.int32)
+            for c in CONFIGS:
+                assert torch.equal(triton_spmm.csr_mm(M, h, config=c), got), c
+            short = triton_spmm.csr_mm(M, h, config=triton_spmm.Config(64, 8, 4, 2))
+            assert torch.allclose(short, D @ h, atol=1e-5, rtol=1e-5)
+            assert torch.equal(triton_spmm.csr_mm(M, h, order=ident), got)
+# the longest row comes first; ties keep their order
+A = torch.tensor([[1., 0, 0], [1, 1, 1], [0, 1, 0], [1, 1, 0]]).to_sparse_csr()
+assert triton_spmm.row_order(A).tolist() == [1, 3, 0, 2]
 print("triton kernel ok")
 '''
 
