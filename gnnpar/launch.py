@@ -25,6 +25,7 @@ import torch
 
 from gnnpar.datasets import Graph, InputError
 from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.kernels.cpu_spmm import size_pool
 from gnnpar.partitioners.shards import read_meta
 
 from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
@@ -40,6 +41,7 @@ def launch(spec: RunSpec) -> dict:
     """Run ``spec`` to the end; returns the final record (rank 0's when there are ranks)."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
+    size_pool(torch.get_num_threads())  # a launcher's rank: its share, not every core
     check_reorder(spec)
     if (spec.algo != "serial" or spec.minibatch) and (spec.nprocs or detect_world().launched):
         return run_distributed(spec)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from gnnpar.datasets import InputError
 from gnnpar.kernels.comm import init_process_group
+from gnnpar.kernels.cpu_spmm import size_pool
 
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
 from .watchdog import die_with_parent
@@ -77,6 +78,7 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
     try:
         if threads:
             torch.set_num_threads(threads)
+            size_pool(threads)
         init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:

@@ -26,6 +26,14 @@ H is widened to a float32 copy and the product of the copy rounded.
 Calls are serialised by a lock: numba's default thread pool must not be entered by two
 threads at once (the sampler threads never multiply, but a user's might).
 
+The pool is sized to the process's torch threads (:func:`size_pool`, called as a rank starts)
+rather than numba's default of every core: with several ranks on one host, each rank's idle
+pool threads (OpenMP's, which spin a while after each parallel call) compete with the other
+ranks' work. Measured with ``scripts/bench_fullbatch.py --nprocs 2 --threads 1 --algos
+1d-halo`` on rmat:scale=15,ef=16, 2 cores: 0.24-0.28 s an epoch with the default pool,
+0.13-0.14 s with one thread a rank; on 16 cores at 16 ranks the default pool made the epoch
+9× slower than one rank alone.
+
 Shapes: ``indptr`` (n_dst+1,), ``indices`` (nnz,) int32 or int64, ``values`` (nnz,)
 float32, H (n_src, f) float32 or bf16 → Z (n_dst, f) in H's dtype.
 """
@@ -192,6 +200,18 @@ def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> t
                  A.values().detach().numpy(), _bits(h), _bits(out),
                  row_blocks(indptr, threads * BLOCKS_PER_THREAD))
     return out
+
+
+def size_pool(threads: int) -> None:
+    """Give numba's thread pool ``threads`` threads when it starts (this process's share of
+    the cores; see the module docstring). Takes effect if the pool has not started yet — it
+    starts on the first compiled parallel call — and changes nothing after that."""
+    threads = max(1, int(threads))
+    os.environ["NUMBA_NUM_THREADS"] = str(threads)  # read when numba is imported
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is not None and not getattr(parallel, "_is_initialized", True):
+        sys.modules["numba"].config.NUMBA_NUM_THREADS = threads  # imported, not started
+        parallel.NUM_THREADS = threads
 
 
 def pool_threads(numba) -> int:

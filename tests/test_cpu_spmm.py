@@ -156,3 +156,21 @@ def test_bf16_int32_indices_and_non_contiguous_input():
                                   A.shape)
     h = torch.randn(8, 20).bfloat16().t()  # (20, 8) view, not contiguous
     assert torch.equal(csr_mm(A32, h), torch.sparse.mm(A, h.float()).bfloat16())
+
+
+def _pool_size(rank, world):
+    """The numba pool a spawned rank got, after a compiled parallel product started it."""
+    import numba
+    cpu_spmm.MIN_WIDTH = cpu_spmm.MIN_WORK = 0  # this small product on the compiled kernel
+    A = _random_csr(64, 64, 0.2, rank)
+    csr_mm(A, torch.randn(64, 32))
+    return numba.config.NUMBA_NUM_THREADS, numba.get_num_threads()
+
+
+def test_a_rank_pool_has_its_threads_not_every_core(monkeypatch):
+    """A rank of one thread starts numba's pool with one thread, not one per core (idle pool
+    threads of many ranks on one host slowed a 16-rank epoch 9x), even when the parent's
+    environment says otherwise."""
+    from gnnpar.spawn import spawn
+    monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
+    assert spawn(_pool_size, 2, threads=1, timeout_s=120) == [(1, 1), (1, 1)]
