@@ -12,7 +12,7 @@ from gnnpar.models import GNN
 from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
                              NeighborSampler, SamplerConfig, SamplingStats, ServiceConfig,
                              Topology, batch_rng)
-from gnnpar.sampling import fast
+from gnnpar.sampling import fast, row_gather
 from gnnpar.sampling.blocks import Relabeler, assemble_block, assemble_block_numpy
 from gnnpar.sampling.cache import by_degree, by_presampling
 from gnnpar.sampling.choose import choose_positions, draw_count, floyd_subsets
@@ -362,6 +362,67 @@ def test_local_feature_store_and_cache_choice():
     assert cols[top].min() >= np.sort(cols[150:])[-10]
     freq = by_presampling([np.array([160, 170, 3]), np.array([170, 5])], remote, 1)
     assert freq.tolist() == [170]
+
+
+@pytest.mark.parametrize("f", [8, 16, 20, 128])  # 16 and 128: non-temporal stores
+@pytest.mark.parametrize("kernels", ["numba", "numpy"])
+def test_row_gather_equals_index_select(f, kernels, monkeypatch):
+    monkeypatch.setenv(fast.ENV, kernels)
+    rng = np.random.default_rng(f)
+    x = torch.randn(500, f)
+    index = rng.permutation(500).astype(np.int32)
+    lists = [rng.integers(0, 500, 300), np.zeros(0, np.int64), rng.integers(0, 500, 901),
+             np.array([7, 7, 7, 499, 0])]
+    for idx in (None, index):
+        rows = [torch.from_numpy(ids if idx is None else idx[ids].astype(np.int64))
+                for ids in lists]
+        got = row_gather.gather_groups(x, lists, idx)
+        assert [tuple(g.shape) for g in got] == [(len(ids), f) for ids in lists]
+        for g, r, ids in zip(got, rows, lists):
+            assert torch.equal(g, x.index_select(0, r))
+            assert torch.equal(row_gather.gather_rows(x, ids, idx), x.index_select(0, r))
+        for shift in (0, 1):  # an aligned output and one 4·f bytes in (unaligned for f=20)
+            out = torch.full((1200, f), -1.0)
+            at = rng.permutation(1200 - shift)[:901]
+            row_gather.gather_rows(x, lists[2], idx, out[shift:], at)
+            want = torch.full((1200, f), -1.0)
+            want[shift:][torch.from_numpy(at)] = x.index_select(0, rows[2])
+            assert torch.equal(out, want)
+    assert row_gather.compiled_for(x) == (kernels == "numba")
+    big = torch.randn(100_000, f)  # far more rows than entries: bucketed, not exact, order
+    few = [rng.integers(0, 100_000, 40) for _ in range(3)]
+    for g, ids in zip(row_gather.gather_groups(big, few), few):
+        assert torch.equal(g, big[torch.from_numpy(ids)])
+    with pytest.raises(IndexError):
+        row_gather.gather_rows(x, np.array([3, 500]))
+    if kernels == "numba":
+        with pytest.raises(IndexError):
+            row_gather.gather_groups(x, [np.array([1]), np.array([-1])])
+        with pytest.raises(IndexError):
+            row_gather.gather_rows(x, np.array([1, 2]), None, torch.empty(4, f), np.array([0, 4]))
+
+
+def test_macro_features_gather_all_equals_gather():
+    """A store of the even rows with the odd ones cached (rows of another rank), and the
+    serial store: every minibatch's rows are the graph's, whichever path copies them."""
+    rng = np.random.default_rng(3)
+    x = torch.randn(300, 32)
+    n = x.shape[0]
+    owner = (np.arange(n) % 2).astype(np.int32)
+    local_index = (np.arange(n) // 2).astype(np.int32)
+    mine = np.arange(0, n, 2)
+    split = FeatureStore(x[mine], mine, owner, local_index, rank=0)
+    split.set_cache(np.arange(1, n, 2), x[1::2])
+    lists = [np.unique(rng.integers(0, n, k)) for k in (50, 120, 1, 80)]
+    union = np.unique(np.concatenate(lists))
+    for store in (FeatureStore.local(x), split):
+        table, stats = store.fetch(union)
+        assert stats.unique == union.size
+        assert stats.cache_hits == (0 if store.all_local else int((union % 2 == 1).sum()))
+        got = table.gather_all(lists)
+        for g, ids in zip(got, lists):
+            assert torch.equal(g, x[torch.from_numpy(ids)])
+            assert torch.equal(table.gather(ids), g)
 
 
 def test_fanouts_parse_and_errors():

@@ -38,6 +38,7 @@ import torch
 
 from gnnpar.kernels.local import as_tensor
 
+from .row_gather import gather_groups, gather_rows
 from .topology import index_dtype
 
 
@@ -130,6 +131,9 @@ class FeatureStore:
                         FetchStats(unique=int(ids.shape[0])))
             ids = ids.cpu().numpy()
         ids = np.asarray(ids, np.int64)
+        if self.all_local and comm is None:  # a serial store: nothing to look up
+            return MacroFeatures(self, np.zeros(0, np.int64), self.x[:0]), FetchStats(
+                unique=int(ids.shape[0]))
         remote = ids[self.owner[ids] != self.rank]
         stats = FetchStats(unique=int(ids.shape[0]), remote=int(remote.shape[0]))
         rows = self.x.new_empty((remote.shape[0], self.x.shape[1]))
@@ -203,15 +207,24 @@ class MacroFeatures:
             ids = ids.cpu().numpy()
         ids = np.asarray(ids, np.int64)
         if not self.remote_ids.size:
-            return st.x.index_select(0, st._idx(st.local_index[ids]))
+            return gather_rows(st.x, ids, st.local_index)
         mine = st.owner[ids] == st.rank
         out = st.x.new_empty((ids.shape[0], st.x.shape[1]))
         at = np.flatnonzero(mine)
-        out[st._idx(at)] = st.x.index_select(0, st._idx(st.local_index[ids[at]]))
+        gather_rows(st.x, ids[at], st.local_index, out, at)
         at = np.flatnonzero(~mine)
-        pos = np.searchsorted(self.remote_ids, ids[at])
-        out[st._idx(at)] = self.remote_rows.index_select(0, st._idx(pos))
+        gather_rows(self.remote_rows, np.searchsorted(self.remote_ids, ids[at]), None, out, at)
         return out
+
+    def gather_all(self, id_lists) -> list:
+        """``[self.gather(ids) for ids in id_lists]`` (a macrobatch's minibatches). With
+        every row here and on the host, one pass in row order copies them all
+        (:func:`~gnnpar.sampling.row_gather.gather_groups`): a row that several minibatches
+        need is read from memory once."""
+        st = self.store
+        if self.remote_ids.size or any(isinstance(ids, torch.Tensor) for ids in id_lists):
+            return [self.gather(ids) for ids in id_lists]
+        return gather_groups(st.x, id_lists, st.local_index)
 
     def _gather_on_device(self, ids: torch.Tensor) -> torch.Tensor:
         st = self.store

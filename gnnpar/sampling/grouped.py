@@ -79,12 +79,12 @@ class GroupedService(MacrobatchService):
                               self.norm) for b in blocks]
         return _Share(shards, first.src_ids[shards[0].global_ids])
 
-    def assemble(self, epoch, step, seeds, blocks, share: _Share, table, stager) -> ReadyBatch:
+    def assemble(self, epoch, step, seeds, blocks, share: _Share, x, stager) -> ReadyBatch:
         last = share.shards[-1]
         mine = seeds[last.global_ids[:last.num_dst]]
         y = self.labels[torch.from_numpy(np.searchsorted(self.seed_ids, mine))]
         return ReadyBatch(epoch, step, mine, blocks, None,
-                          stager.to_device(table.gather(share.input_ids)), stager.to_device(y),
+                          stager.to_device(x), stager.to_device(y),
                           share.shards)
 
 

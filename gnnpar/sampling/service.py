@@ -10,7 +10,9 @@ tasks w, w+W, w+2W, … and for each one
 2. takes the union U of their input nodes and fetches each row of U once
    (:meth:`~gnnpar.sampling.features.FeatureStore.fetch`; with K = 1 every minibatch fetches
    its own inputs, with larger K a row shared by several minibatches moves once);
-3. assembles ready minibatches: SpMM operators of the blocks, input features, seed labels.
+3. copies the K minibatches' input features out of that table in one pass in row order
+   (:meth:`~gnnpar.sampling.features.MacroFeatures.gather_all`, :mod:`.row_gather`) and
+   assembles ready minibatches: SpMM operators of the blocks, input features, seed labels.
 
 Task t may start only once the trainer has taken task t − D (``--prefetch D``), so at most
 D macrobatches wait ready and memory stays bounded; the trainer takes tasks in order, and
@@ -307,8 +309,9 @@ class MacrobatchService:
             unique_input_nodes=fetched.unique, remote_rows=fetched.remote,
             cache_hits=fetched.cache_hits, feat_bytes=after[0] - before[0],
             comm_bytes=after[1] - before[1])
-        ready = [self.assemble(epoch, s, sd, bl, sh, table, stager)
-                 for s, sd, bl, sh in zip(steps, seeds, blocks, shares)]
+        xs = table.gather_all([sh.input_ids for sh in shares])
+        ready = [self.assemble(epoch, s, sd, bl, sh, x, stager)
+                 for s, sd, bl, sh, x in zip(steps, seeds, blocks, shares, xs)]
         stats.sampler_s = time.perf_counter() - t0
         return _Macro(ready, stats)
 
@@ -323,14 +326,15 @@ class MacrobatchService:
         return _Whole(blocks[0].src_ids)
 
     def assemble(self, epoch: int, step: int, seeds: np.ndarray, blocks: List[Block], share,
-                 table, stager: Stager) -> ReadyBatch:
-        """The ready minibatch: operators of the blocks, input features, seed labels (on the
+                 x: torch.Tensor, stager: Stager) -> ReadyBatch:
+        """The ready minibatch: operators of the blocks, input features ``x`` (the rows of
+        ``share.input_ids``, gathered for the whole macrobatch at once), seed labels (on the
         training device, through ``stager``)."""
         st = self.store
         y = self.labels[torch.from_numpy(st.local_index[seeds].astype(np.int64))]
         ops = [stager.operator_to_device(b.operator()) for b in blocks]
         return ReadyBatch(epoch, step, seeds, blocks, ops,
-                          stager.to_device(table.gather(share.input_ids)), stager.to_device(y))
+                          stager.to_device(x), stager.to_device(y))
 
 
 @dataclass

@@ -1,0 +1,256 @@
+"""Feature rows of a macrobatch's minibatches copied by compiled passes.
+
+Minibatch b's input features are ``out_b[i] = src[index[ids_b[i]]]`` (``index``: global id
+→ row of this rank's table). With 128 float32 a row is only 8 cache lines, the rows sit at
+scattered places of a table much larger than the caches, and the K minibatches of a
+macrobatch share many of them (``rmat:scale=17,ef=16``, fanouts 15,10,5, batch 1024, K=4:
+131k rows asked for, 56k distinct). torch's ``index_select`` per minibatch waits on each
+row's first miss and reads a shared row from memory once per minibatch. So:
+
+- :func:`gather_groups` (the service's path, :meth:`MacroFeatures.gather_all
+  <gnnpar.sampling.features.MacroFeatures.gather_all>`): the entries of all K lists are
+  counting-sorted by row, then copied in that order: the table is read front to back, a
+  shared row is read from memory once and then from the cache;
+- the copy asks for the row ``DISTANCE`` entries ahead (one prefetch per 64 bytes) while it
+  copies the current one, so several rows' misses are in flight;
+- rows are written with non-temporal 64-byte stores (whole 64-byte pieces into 64-byte
+  aligned outputs, else plain stores): the outputs are far larger than the caches, and a
+  plain store first reads the line it overwrites.
+
+Measured on that graph, one thread, a macrobatch sampled between gathers (cold caches as in
+the service): ``index_select`` per minibatch 11.0 ms (12.2 ms with the id lookups), the
+same rows with prefetching 9.8 ms, grouped in row order 8.5 ms, and with non-temporal
+stores 6.8 ms (sort 0.45 ms of it). Sampling + gather throughput of the bench loop
+(``scripts/bench_sampling.py``, bulk K=4): 121 → 169 minibatches/s with one worker, 236 →
+295 with two (medians of interleaved runs on a shared 2-core machine). Without the hot
+cache of a repeated micro-benchmark non-temporal stores win; on one macrobatch gathered
+again and again they lose (8.2 vs 7.4 ms): measure inside the loop.
+
+One thread per call, ``nogil``: the sampler workers are the parallelism, and a
+multi-threaded gather inside each of W workers would put 2W threads on the cores (the
+OpenMP teams of torch's ``index_select`` spin while they wait for each other). Without
+numba, or with ``GNNPAR_SAMPLER_KERNELS=numpy`` (:func:`~gnnpar.sampling.fast.available`),
+or for tables other than contiguous float32 on the CPU, every function here is
+``index_select`` (the reference; the rows are the same bit for bit, tested).
+
+Shapes: ``src`` (m, f); ``index`` (n,) integer or None; ``ids`` (k,) int64; ``out`` (N, f)
+with N ≥ k, or rows ``at`` (k,) of it; :func:`gather_groups` returns one (k_b, f) tensor per
+list.
+"""
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import fast
+
+#: rows prefetched ahead of the one being copied
+DISTANCE = 4
+
+
+def compiled_for(src: torch.Tensor) -> bool:
+    """Whether :func:`gather_rows` runs the compiled pass for the table ``src``."""
+    return (fast.available() and src.device.type == "cpu" and src.dtype == torch.float32
+            and src.dim() == 2 and src.is_contiguous() and _kernel() is not None)
+
+
+def gather_rows(src: torch.Tensor, ids: np.ndarray, index: Optional[np.ndarray] = None,
+                out: Optional[torch.Tensor] = None, at: Optional[np.ndarray] = None
+                ) -> torch.Tensor:
+    """``out[at[i]] = src[index[ids[i]]]`` for every i (``index`` None: ``src[ids[i]]``;
+    ``at`` None: row i); ``out`` made (k, f) when None. Returns ``out``."""
+    ids = np.asarray(ids, np.int64)
+    rows = index[ids] if index is not None else ids
+    if not compiled_for(src) or out is not None and not (
+            out.device.type == "cpu" and out.dtype == src.dtype and out.is_contiguous()):
+        picked = src.index_select(0, torch.from_numpy(np.asarray(rows, np.int64)).to(src.device))
+        if out is None and at is None:
+            return picked
+        out = src.new_empty((ids.shape[0], src.shape[1])) if out is None else out
+        where = slice(0, ids.shape[0]) if at is None else torch.from_numpy(
+            np.asarray(at, np.int64)).to(out.device)
+        out[where] = picked
+        return out
+    if out is None:
+        out = src.new_empty((ids.shape[0], src.shape[1]))
+    dest = np.zeros(0, np.int64) if at is None else np.asarray(at, np.int64)
+    if out.dim() != 2 or out.shape[1] != src.shape[1]:
+        raise ValueError(f"output of shape {tuple(out.shape)} for rows of {src.shape[1]}")
+    if ids.size:
+        _check_rows(rows, src.shape[0])
+        if at is None and ids.shape[0] > out.shape[0] or at is not None and (
+                dest.shape != ids.shape or int(dest.min()) < 0
+                or int(dest.max()) >= out.shape[0]):
+            raise IndexError(f"{ids.shape[0]} rows do not fit an output of {out.shape[0]} "
+                             f"rows at {'rows 0..' if at is None else 'the rows given'}")
+        _kernel().copy(src.numpy(), np.asarray(rows), out.numpy(), dest, DISTANCE,
+                       _streams(src, [out]))
+    return out
+
+
+def gather_groups(src: torch.Tensor, id_lists: Sequence[np.ndarray],
+                  index: Optional[np.ndarray] = None) -> List[torch.Tensor]:
+    """``[gather_rows(src, ids, index) for ids in id_lists]``, copied in one pass in row
+    order: the entries of all lists are counting-sorted by row (buckets of ``2**shift`` rows,
+    at most about four buckets per entry), so a row that several lists hold is read from
+    memory once and then from the cache, and the table is read front to back."""
+    if len(id_lists) < 2 or not compiled_for(src):
+        return [gather_rows(src, ids, index) for ids in id_lists]
+    flat = np.concatenate([np.asarray(ids, np.int64) for ids in id_lists])
+    rows = index[flat] if index is not None else flat
+    outs = _outputs(src, [int(np.shape(ids)[0]) for ids in id_lists])
+    if not flat.size:
+        return outs
+    _check_rows(rows, src.shape[0])
+    cut = np.zeros(len(id_lists) + 1, np.int64)
+    np.cumsum([o.shape[0] for o in outs], out=cut[1:])
+    m = int(src.shape[0])
+    shift = max(0, (m - 1).bit_length() - (4 * flat.shape[0]).bit_length())
+    kernels = _kernel()
+    order = kernels.order(rows, shift, (m - 1 >> shift) + 1)
+    kernels.copy_groups(src.numpy(), rows, tuple(o.numpy() for o in outs), cut, order,
+                        DISTANCE, _streams(src, outs))
+    return outs
+
+
+def _outputs(src: torch.Tensor, sizes) -> List[torch.Tensor]:
+    """Fresh (n, f) outputs, one per size."""
+    return [src.new_empty((n, src.shape[1])) for n in sizes]
+
+
+def _streams(src: torch.Tensor, outs) -> bool:
+    """Rows go out by non-temporal 64-byte stores: whole 64-byte pieces, aligned outputs."""
+    return src.shape[1] % 16 == 0 and all(o.data_ptr() % 64 == 0 for o in outs)
+
+
+def _check_rows(rows: np.ndarray, m: int) -> None:
+    """The compiled passes read unchecked: every row number is checked here."""
+    lo, hi = int(rows.min()), int(rows.max())
+    if lo < 0 or hi >= m:
+        raise IndexError(f"row {lo if lo < 0 else hi} of a table of {m} rows")
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    """The compiled passes (compiled on first use, cached on disk), or None without numba or
+    where they cannot be built (then everything runs ``index_select``)."""
+    try:
+        from numba import njit, types
+        from numba.core import cgutils
+        from numba.core.cgutils import ir  # llvmlite's IR builder, as numba's lowering uses
+        from numba.core.extending import intrinsic
+    except ImportError:
+        return None
+
+    def pointer(context, builder, aty, array, i, ity, j, jty):
+        a = context.make_array(aty)(context, builder, array)
+        at = [context.cast(builder, i, ity, types.intp), context.cast(builder, j, jty, types.intp)]
+        return cgutils.get_item_pointer(context, builder, aty, a, at)
+
+    @intrinsic
+    def prefetch(typingctx, arr, i, j):  # pragma: no cover - compiled
+        """Ask for the cache line of ``arr[i, j]`` (read, keep in every cache level)."""
+        def codegen(context, builder, sig, args):
+            ptr = pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                          args[2], sig.args[2])
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0")
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.void(arr, i, j), codegen
+
+    @intrinsic
+    def stream16(typingctx, out, o, j, src, r):  # pragma: no cover - compiled
+        """``out[o, j:j+16] = src[r, j:j+16]`` by one non-temporal 64-byte store (the
+        address must be 64-byte aligned: checked by the caller)."""
+        def codegen(context, builder, sig, args):
+            vt = ir.VectorType(ir.FloatType(), 16)
+            dst = pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                          args[2], sig.args[2])
+            got = pointer(context, builder, sig.args[3], args[3], args[4], sig.args[4],
+                          args[2], sig.args[2])
+            v = builder.load(builder.bitcast(got, vt.as_pointer()), align=4)
+            st = builder.store(v, builder.bitcast(dst, vt.as_pointer()), align=64)
+            st.set_metadata("nontemporal", builder.module.add_metadata(
+                [ir.Constant(ir.IntType(32), 1)]))
+            return context.get_dummy_value()
+        return types.void(out, o, j, src, r), codegen
+
+    @intrinsic
+    def store_fence(typingctx):  # pragma: no cover - compiled
+        """Order the non-temporal stores before whatever follows (another thread reads)."""
+        def codegen(context, builder, sig, args):
+            builder.fence("seq_cst")
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @njit(inline="always", nogil=True, boundscheck=False)
+    def copy_row(out, o, src, r, stream):  # pragma: no cover - compiled
+        if stream:
+            for j in range(0, src.shape[1], 16):
+                stream16(out, o, j, src, r)
+        else:
+            for j in range(src.shape[1]):
+                out[o, j] = src[r, j]
+
+    @njit(inline="always", nogil=True, boundscheck=False)
+    def prefetch_row(src, r):  # pragma: no cover - compiled
+        for j in range(0, src.shape[1], 16):  # one prefetch per 64-byte line
+            prefetch(src, r, j)
+
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _copy(src, rows, out, at, distance, stream):  # pragma: no cover - compiled
+        k = rows.shape[0]
+        scatter = at.shape[0] > 0
+        for i in range(k):
+            if i + distance < k:
+                prefetch_row(src, rows[i + distance])
+            copy_row(out, at[i] if scatter else i, src, rows[i], stream)
+        if stream:
+            store_fence()
+
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _order(rows, shift, buckets):  # pragma: no cover - compiled
+        # positions of ``rows`` stably counting-sorted by ``rows >> shift``
+        n = rows.shape[0]
+        start = np.zeros(buckets + 1, np.int64)
+        for e in range(n):
+            start[(rows[e] >> shift) + 1] += 1
+        for b in range(buckets):
+            start[b + 1] += start[b]
+        order = np.empty(n, np.int64)
+        for e in range(n):
+            b = rows[e] >> shift
+            order[start[b]] = e
+            start[b] += 1
+        return order
+
+    @njit(cache=True, nogil=True, boundscheck=False)
+    def _copy_groups(src, rows, outs, cut, order, distance, stream):  # pragma: no cover
+        # entry e (of list b: cut[b] <= e < cut[b+1]) goes to row e - cut[b] of outs[b]
+        n = rows.shape[0]
+        which = np.empty(n, np.int32)
+        for b in range(len(outs)):
+            for e in range(cut[b], cut[b + 1]):
+                which[e] = b
+        for p in range(n):
+            if p + distance < n:
+                prefetch_row(src, rows[order[p + distance]])
+            e = order[p]
+            b = which[e]
+            copy_row(outs[b], e - cut[b], src, rows[e], stream)
+        if stream:
+            store_fence()
+
+    try:  # an LLVM that names an intrinsic otherwise: index_select instead
+        probe = np.zeros((2, 16), np.float32)
+        _copy(probe, np.zeros(1, np.int64), probe, np.zeros(0, np.int64), 1, False)
+    except Exception:  # noqa: BLE001 - numba's lowering errors have many types
+        return None
+    return SimpleNamespace(copy=_copy, order=_order, copy_groups=_copy_groups)
