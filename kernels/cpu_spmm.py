@@ -27,12 +27,12 @@ Calls are serialised by a lock: numba's default thread pool must not be entered 
 threads at once (the sampler threads never multiply, but a user's might).
 
 The pool is sized to the process's torch threads (:func:`size_pool`, called as a rank starts)
-rather than numba's default of every core: with several ranks on one host, each rank's idle
-pool threads (OpenMP's, which spin a while after each parallel call) compete with the other
-ranks' work. Measured with ``scripts/bench_fullbatch.py --nprocs 2 --threads 1 --algos
-1d-halo`` on rmat:scale=15,ef=16, 2 cores: 0.24-0.28 s an epoch with the default pool,
-0.13-0.14 s with one thread a rank; on 16 cores at 16 ranks the default pool made the epoch
-9× slower than one rank alone.
+rather than numba's default of every core, and :func:`run_parallel` keeps torch's thread count
+as it was: numba's OpenMP layer, when its pool starts, sets the OpenMP thread count that torch
+shares to the pool's size. Before both, a rank of one thread ran every torch op and kernel on
+all the host's cores after its first product: on the 16-core H200 host, 16 such ranks made a
+1d-halo epoch 9.9 s (rmat:scale=18,ef=16) against 0.44 s with the fix, and the "one rank ×
+one thread" baseline (1.1 s) was in fact multi-threaded (3.2 s on one thread).
 
 Shapes: ``indptr`` (n_dst+1,), ``indices`` (nnz,) int32 or int64, ``values`` (nnz,)
 float32, H (n_src, f) float32 or bf16 → Z (n_dst, f) in H's dtype.
@@ -221,7 +221,16 @@ def pool_threads(numba) -> int:
 
 def run_parallel(numba, threads: int, kernel, *args):
     """Call a compiled ``parallel=True`` kernel on ``threads`` of numba's pool, one call at a
-    time (the pool must not be entered by two threads at once; see the module docstring)."""
+    time (the pool must not be entered by two threads at once; see the module docstring).
+
+    torch's thread count is put back if the call changed it: numba's OpenMP pool, started by
+    the first call, sets the OpenMP thread count that torch shares to the pool's size, which
+    turned one-thread ranks into ranks using every core."""
     with _LOCK:
+        torch_threads = torch.get_num_threads()
         numba.set_num_threads(threads)
-        return kernel(*args)
+        try:
+            return kernel(*args)
+        finally:
+            if torch.get_num_threads() != torch_threads:
+                torch.set_num_threads(torch_threads)

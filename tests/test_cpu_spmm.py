@@ -1,6 +1,10 @@
 """The compiled CPU SpMM (kernels/cpu_spmm.py) against torch.sparse.mm: the same numbers on
 random, power-law, empty-row, single-row and empty matrices, forward and backward; bf16 input
 gives the fp32 product of the widened input, rounded once."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -174,3 +178,18 @@ def test_a_rank_pool_has_its_threads_not_every_core(monkeypatch):
     from gnnpar.spawn import spawn
     monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
     assert spawn(_pool_size, 2, threads=1, timeout_s=120) == [(1, 1), (1, 1)]
+
+
+def test_a_compiled_product_keeps_torch_thread_count():
+    """numba's OpenMP pool, started by the first product, must not reset torch's thread
+    count (it did: a one-thread rank then ran on every core). In a fresh process, whose
+    pool is not started yet."""
+    code = ("import torch\nfrom gnnpar.kernels import cpu_spmm\nfrom tests.test_cpu_spmm import "
+            "_random_csr\ncpu_spmm.MIN_WIDTH = cpu_spmm.MIN_WORK = 0\ntorch.set_num_threads(1)\n"
+            "cpu_spmm.csr_mm(_random_csr(64, 64, 0.2, 0), torch.randn(64, 32))\n"
+            "print(torch.get_num_threads())\n")
+    env = dict(os.environ, NUMBA_NUM_THREADS="2")  # a pool bigger than the count asked for
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "1"
