@@ -402,6 +402,43 @@ def test_row_gather_equals_index_select(f, kernels, monkeypatch):
             row_gather.gather_rows(x, np.array([1, 2]), None, torch.empty(4, f), np.array([0, 4]))
 
 
+@pytest.mark.skipif(row_gather._use_count is None, reason="torch exposes no storage use count")
+def test_output_pool_reuses_only_buffers_nothing_holds():
+    x = torch.randn(400, 16)
+    pool = row_gather.OutputPool(limit=3)
+    a = pool.take(x, [100, 50, 120])
+    mem = {t.data_ptr() for t in a}
+    b = pool.take(x, [100, 50])  # all three held: fresh ones, not kept (the pool is full)
+    assert not mem & {t.data_ptr() for t in b} and len(pool.buffers) == 3
+    view = a[0][10:20]  # a view keeps a's first buffer busy
+    keep = a[2].numpy()  # so does a numpy array over it
+    del a
+    c = pool.take(x, [100, 50, 120, 20])
+    assert c[1].data_ptr() in mem  # the only free one
+    assert not ({c[0].data_ptr(), c[2].data_ptr(), c[3].data_ptr()} & mem)
+    assert [tuple(t.shape) for t in c] == [(100, 16), (50, 16), (120, 16), (20, 16)]
+    view.fill_(1.0)
+    keep[:] = 2.0
+    for t in c:  # written while the others are held: nothing shared
+        t.fill_(3.0)
+    assert bool((view == 1).all()) and bool((torch.from_numpy(keep) == 2).all())
+    del c, view, keep
+    d = pool.take(x, [20])  # every kept buffer is over twice too big: one is replaced
+    assert d[0].shape == (20, 16)
+    assert len(pool.buffers) == 3 and 22 in [b.shape[0] for b in pool.buffers]
+    # the rows of repeated gathers stay right while earlier outputs are held or let go
+    rng = np.random.default_rng(0)
+    held = []
+    for i in range(6):
+        lists = [rng.integers(0, 400, k) for k in (30, 90, 60)]
+        got = row_gather.gather_groups(x, lists)
+        for g, ids in zip(got, lists):
+            assert torch.equal(g, x[torch.from_numpy(ids)])
+        held.append((got[i % 3], lists[i % 3]))
+    for g, ids in held:  # not overwritten by the later gathers
+        assert torch.equal(g, x[torch.from_numpy(ids)])
+
+
 def test_macro_features_gather_all_equals_gather():
     """A store of the even rows with the odd ones cached (rows of another rank), and the
     serial store: every minibatch's rows are the graph's, whichever path copies them."""
