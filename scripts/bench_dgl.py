@@ -25,8 +25,11 @@ Measures (``--measures``):
   take), batch 1024, on ``--sample-scales``. gnnpar: bulk sampler, macrobatch K=4, W = threads
   worker threads (scripts/bench_sampling.py's loop); at 1 thread also the node-wise sampler.
   DGL: ``NeighborSampler`` + ``DataLoader`` (num_workers=0, its own OpenMP threads).
-- ``gather``: the same plus the 128-wide feature rows of every minibatch's input nodes
-  (``index_select`` on both sides).
+- ``gather``: the same plus the 128-wide feature rows of every minibatch's input nodes,
+  one (input nodes × 128) float32 tensor per minibatch on both sides. gnnpar: what the
+  service does, ``FeatureStore.fetch`` of the macrobatch's union, then
+  ``MacroFeatures.gather_all`` (one compiled pass per macrobatch, ``gnnpar.sampling.
+  row_gather``); DGL: ``torch.index_select`` of each minibatch's ``input_nodes``.
 
 Ratio column: gnnpar/DGL time for the step (< 1: gnnpar faster), gnnpar/DGL throughput for
 sampling (> 1: gnnpar faster). The last line is JSON with every number. Mind the load average

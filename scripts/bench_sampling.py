@@ -9,7 +9,8 @@
 1. ``throughput`` (one process): minibatches/s and sampled edges/s of the node-wise sampler
    and of the bulk sampler (K minibatches at a time) in W threads, sampling only and
    including the gather of every minibatch's input features (128-wide float32 on the default
-   graph), fanouts 15,10,5 (DGL order), batch 1024; ``--kernels numba,numpy`` adds the
+   graph; as the service: the macrobatch's union fetched, then ``gather_all``, one tensor per
+   minibatch), fanouts 15,10,5 (DGL order), batch 1024; ``--kernels numba,numpy`` adds the
    samplers' numpy reference path as variants of their own (:mod:`gnnpar.sampling.fast`).
    Each variant runs ``--seconds`` (after a warm-up macrobatch); every variant runs once per
    round and the best of ``--repeats`` rounds is reported (the machine is shared; the load
