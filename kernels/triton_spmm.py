@@ -1,16 +1,30 @@
-"""CSR × dense on GPUs: a row-split Triton kernel with fp32 accumulation.
+"""CSR × dense on GPUs: Triton kernels with fp32 accumulation.
 
-``Z = A · H``: program (p, t) computes ``ROWS`` rows of Z for the feature columns
-``[t·BLOCK_F, (t+1)·BLOCK_F)``. It walks each row's entries ``BLOCK_E`` at a time, gathers the
-H rows they name (fp32, bf16 or fp16 — read at their own width, so bf16 features halve the
-gather traffic), multiplies by the entry values and sums in fp32, and stores the row once in
-H's dtype. Each output row is written by exactly one program: no atomics, no partial outputs,
-and the same sums in the same order on every run.
+``Z = A · H``, two kernels; program (p, t) computes rows of Z for the feature columns
+``[t·BLOCK_F, (t+1)·BLOCK_F)``:
+
+- **row split** (``BLOCK_E ≥ 1``): ``ROWS`` rows one after another, each walked ``BLOCK_E``
+  entries a step (a ``BLOCK_E × BLOCK_F`` gather summed over the entries);
+- **row group** (``BLOCK_E = 0``): ``ROWS`` rows side by side, one entry of each row a step (a
+  ``ROWS × BLOCK_F`` gather added into a ``ROWS × BLOCK_F`` accumulator: no sum across
+  threads, as in sliced-ELL formats). The step count is the group's longest row, so it
+  relies on the longest-first order below to put rows of like length together.
+
+Both gather the H rows the entries name (fp32, bf16 or fp16 — read at their own width, so
+bf16 features halve the gather traffic), multiply by the entry values, sum in fp32 and store
+each row once in H's dtype. Each output row is written by exactly one program: no atomics, no
+partial outputs, and the same sums in the same order on every run of a tile.
 
 Rows are visited longest first (:func:`row_order`, computed once per matrix and kept): on
 power-law graphs a hub row of 10⁴–10⁵ entries is one program's serial loop, and started last
 it would run alone at the end of the launch. Longest-first is the classic list-scheduling fix,
-and it also puts rows of similar length into one program when ``ROWS > 1``.
+and it puts rows of like length into one program.
+
+Measured on an H200 (rmat:scale=20,ef=16, ``bench_spmm.py --device cuda --sweep``), the row
+split kernel at its best tile is 1.6–2.3× slower than cuSPARSE (width 256 fp32: 12.7 ms
+against 6.2 ms; more warps a program were slower still — the per-step sum across threads
+dominates), which is why the row-group kernel was added; it is not measured on a GPU yet, so
+cuSPARSE stays :data:`DEFAULT`.
 
 The tile shape (``BLOCK_F``, ``BLOCK_E``, ``ROWS``, warps) is tuned: the first product of
 each (GPU, dtype, width class) times every :data:`CANDIDATES` tile on its own operands and
@@ -47,18 +61,20 @@ MODES = ("triton", "cusparse")
 
 
 class Config(NamedTuple):
-    """A launch's tile: feature columns per program, entries per step, rows per program,
-    warps per program."""
+    """A launch's tile: feature columns per program, entries per step of a row (0: the
+    row-group kernel, one entry of each row a step), rows per program, warps per program."""
     block_f: int
     block_e: int
     rows: int
     warps: int
 
 
-#: the tiles ``bench_spmm.py --sweep`` times (block_f is capped at the width's power of two)
+#: the tiles ``bench_spmm.py --sweep`` times and :func:`tuned` picks from (block_f is capped at
+#: the width's power of two): the row-split tiles fastest on an H200, then row-group tiles
 CANDIDATES = tuple(Config(*c) for c in (
-    (64, 16, 1, 2), (64, 32, 1, 4), (128, 16, 1, 4), (128, 32, 1, 4), (128, 32, 1, 8),
-    (256, 16, 1, 8), (128, 16, 4, 4), (128, 8, 4, 2)))
+    (64, 16, 1, 2), (64, 32, 1, 4), (128, 32, 1, 4), (256, 16, 1, 8),
+    (32, 0, 64, 2), (64, 0, 32, 4), (64, 0, 64, 4), (128, 0, 32, 4), (128, 0, 16, 4),
+    (256, 0, 8, 4)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,9 +118,12 @@ def fixed_config() -> Config:
         c = Config(*(int(x) for x in env.split(",")))
     except (TypeError, ValueError):
         raise ValueError(f"{CONFIG_ENV} must be BLOCK_F,BLOCK_E,ROWS,WARPS, got {env!r}")
-    if min(c) < 1 or any(x & (x - 1) for x in (c.block_f, c.block_e, c.warps)):
-        raise ValueError(f"{CONFIG_ENV}: BLOCK_F, BLOCK_E and WARPS must be powers of two "
-                         f"and ROWS at least 1, got {env!r}")
+    if (min(c.block_f, c.rows, c.warps) < 1 or c.block_e < 0
+            or any(x & (x - 1) for x in (c.block_f, c.block_e, c.warps))
+            or c.block_e == 0 and c.rows & (c.rows - 1)):
+        raise ValueError(f"{CONFIG_ENV}: BLOCK_F, WARPS and BLOCK_E powers of two (BLOCK_E 0: "
+                         f"the row-group kernel, whose ROWS is a power of two too), ROWS at "
+                         f"least 1, got {env!r}")
     return c
 
 
@@ -195,7 +214,28 @@ def _kernel():
                 tl.store(out + row * stride_out + cols, acc.to(out.dtype.element_ty),
                          mask=fmask)
 
-    return _row_split, triton.cdiv
+    @triton.jit
+    def _row_group(indptr, indices, values, order, h, out, n_rows, f, stride_h, stride_out,
+                   BLOCK_F: tl.constexpr, ROWS: tl.constexpr):  # pragma: no cover
+        cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fmask = cols < f
+        slots = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        smask = slots < n_rows
+        rows = tl.load(order + slots, mask=smask, other=0).to(tl.int64)
+        start = tl.load(indptr + rows, mask=smask, other=0).to(tl.int64)
+        length = tl.load(indptr + rows + 1, mask=smask, other=0).to(tl.int64) - start
+        acc = tl.zeros([ROWS, BLOCK_F], dtype=tl.float32)
+        for k in range(0, tl.max(length, axis=0)):
+            live = k < length
+            c = tl.load(indices + start + k, mask=live, other=0).to(tl.int64)
+            v = tl.load(values + start + k, mask=live, other=0.0).to(tl.float32)
+            hv = tl.load(h + c[:, None] * stride_h + cols[None, :],
+                         mask=live[:, None] & fmask[None, :], other=0.0)
+            acc += v[:, None] * hv.to(tl.float32)
+        tl.store(out + rows[:, None] * stride_out + cols[None, :], acc.to(out.dtype.element_ty),
+                 mask=smask[:, None] & fmask[None, :])
+
+    return _row_split, _row_group, triton.cdiv
 
 
 def csr_mm(A: torch.Tensor, h: torch.Tensor, out=None, config: Config = None,
@@ -214,9 +254,13 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out=None, config: Config = None,
 
 
 def _launch(A, h, out, c: Config, order) -> None:
-    kernel, cdiv = _kernel()
+    row_split, row_group, cdiv = _kernel()
     n_dst, f = A.shape[0], h.shape[1]
-    kernel[(cdiv(n_dst, c.rows), cdiv(f, c.block_f))](
-        A.crow_indices(), A.col_indices(), A.values().detach(), order, h, out, n_dst, f,
-        h.stride(0), out.stride(0), BLOCK_F=c.block_f, BLOCK_E=c.block_e, ROWS=c.rows,
-        num_warps=c.warps)
+    args = (A.crow_indices(), A.col_indices(), A.values().detach(), order, h, out, n_dst, f,
+            h.stride(0), out.stride(0))
+    grid = (cdiv(n_dst, c.rows), cdiv(f, c.block_f))
+    if c.block_e:
+        row_split[grid](*args, BLOCK_F=c.block_f, BLOCK_E=c.block_e, ROWS=c.rows,
+                        num_warps=c.warps)
+    else:
+        row_group[grid](*args, BLOCK_F=c.block_f, ROWS=c.rows, num_warps=c.warps)
