@@ -25,13 +25,15 @@ import torch
 
 from gnnpar.datasets import Graph, InputError
 from gnnpar.kernels.algorithms import get as algorithm
+from gnnpar.kernels.cost_model import Structure
 from gnnpar.kernels.cpu_spmm import size_pool
 from gnnpar.partitioners.shards import read_meta
 
 from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
 from .plan_cli import plan
 from .rank import run_rank
-from .shard_source import ShardSource, check_reorder, has_shards, load_graph, prepare_shards
+from .shard_source import (ShardSource, check_reorder, has_shards, load_graph, prepare_shards,
+                           run_partition)
 from .spawn import SpawnError, spawn
 from .spec import RunSpec
 from .watchdog import EXIT_PREEMPTED, Watchdog
@@ -54,21 +56,30 @@ def run_distributed(spec: RunSpec) -> dict:
     """Spawn ``--nprocs`` local ranks, or join the world of the launcher that started this
     process."""
     info = detect_world(spec.nprocs)
-    graph = None
+    graph = part = None
     if spec.algo == "auto":
-        spec, graph = choose_algorithm(spec, info.world_size)
+        spec, graph, part = choose_algorithm(spec, info.world_size,
+                                             exact=info.source == "local")
     backend = spec.backend
     if backend == "auto" and torch.device(spec.device).type == "cpu":
         backend = "gloo"  # a GPU host asked to train on CPU: NCCL cannot carry CPU tensors
     if info.source == "local":
-        return _spawn_local(spec.evolve(backend=resolve_backend(backend, info)[0]), graph)
+        return _spawn_local(spec.evolve(backend=resolve_backend(backend, info)[0]), graph, part)
     return _join_launched(spec, info, backend)
 
 
-def choose_algorithm(spec: RunSpec, world: int):
+def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
     """``--algo auto``: the cost model's best algorithm, grid and variant that fits, as a new
-    spec; and the graph when it had to be loaded (so the shards need not load it again)."""
+    spec; the graph when it had to be loaded, and with ``exact`` its partition (so the shards
+    need neither load nor partition it again; None otherwise).
+
+    With ``exact`` (``--nprocs``, no ``--partition-dir`` shards) the graph is partitioned here
+    as the run will partition it, and every algorithm is modelled on that partition's busiest
+    rank (:class:`~gnnpar.kernels.cost_model.Structure`), as ``gnnpar-plan --partitioner``
+    does; otherwise (shards already written, or ranks of a launcher, which partition on their
+    own) the average-rank estimate ranks them."""
     graph: Optional[Graph] = None
+    part = structure = None
     if has_shards(spec):
         meta = read_meta(spec.partition_dir)
         n, m, f_in, classes = meta["n"], meta["nnz"], meta["num_features"], meta["num_classes"]
@@ -76,7 +87,11 @@ def choose_algorithm(spec: RunSpec, world: int):
         graph = load_graph(spec)
         n, m = graph.num_nodes, graph.num_edges + graph.num_nodes
         f_in, classes = graph.num_features, graph.num_classes
-    rows = plan(n, m, f_in, spec.hidden, classes, spec.layers, world, spec.model, spec)
+        if exact:
+            part = run_partition(spec, graph, world)
+            structure = Structure.from_graph(graph, part.owner, world)
+    rows = plan(n, m, f_in, spec.hidden, classes, spec.layers, world, spec.model, spec,
+                structure=structure)
     best = rows[0]
     if not best["fits"]:
         lean = min(rows, key=lambda r: r["memory"])
@@ -91,22 +106,23 @@ def choose_algorithm(spec: RunSpec, world: int):
         variant=best["variant"] if best["variant"] in ("halo", "bcast") else None)
     if not spec.quiet:
         print(f"--algo auto chose {chosen.algo} grid {best['grid']} ({best['variant']}): "
-              f"modelled {best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank",
+              f"modelled {best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank"
+              + (" (busiest rank of the run's partition)" if structure is not None else ""),
               file=sys.stderr)
-    return chosen, graph
+    return chosen, graph, part
 
 
 def _spawned(rank: int, world: int, spec: RunSpec, source: ShardSource) -> dict:
     return run_rank(spec, rank, world, source)
 
 
-def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None) -> dict:
+def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dict:
     if not spec.minibatch:
         spec.grid_shape(spec.nprocs)  # fail before writing shards or spawning
     source, temporary = None, False
     with _sigterm_unwinds():  # a SIGTERM while shards are written still removes them
         try:
-            source, temporary = prepare_shards(spec, spec.nprocs, graph)
+            source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
             return spawn(_spawned, spec.nprocs, args=(spec, source), backend=spec.backend,
                          timeout_s=spec.timeout)[0]
         except SpawnError as e:

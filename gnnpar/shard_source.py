@@ -100,11 +100,17 @@ def _check_shards_on_rank_0(rank: int, spec, shard_dir: str) -> None:
                          f"{spec.dataset} (rank 0 says which graph it holds)")
 
 
-def prepare_shards(spec, world: int, graph: Optional[Graph] = None
+def run_partition(spec, graph: Graph, world: int):
+    """The run's partition of ``graph`` into ``world`` parts (``--partitioner``, ``--seed``)."""
+    return partition_graph(graph, world, spec.partitioner or DEFAULT_PARTITIONER, seed=spec.seed)
+
+
+def prepare_shards(spec, world: int, graph: Optional[Graph] = None, part=None
                    ) -> Tuple[ShardSource, bool]:
     """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them; returns
     the source and whether its folder is a temporary one made here (``shards/`` inside a
-    :mod:`~gnnpar.scratch` folder: the caller removes that folder, its parent)."""
+    :mod:`~gnnpar.scratch` folder: the caller removes that folder, its parent). ``part``: the
+    run's partition of ``graph`` when already made (:func:`run_partition`)."""
     out = spec.partition_dir
     if has_shards(spec):
         meta = read_meta(out)
@@ -124,8 +130,7 @@ def prepare_shards(spec, world: int, graph: Optional[Graph] = None
         graph = graph if graph is not None else load_graph(spec)
         if not spec.quiet:
             print(graph.summary(), file=sys.stderr)
-        part = partition_graph(graph, world, spec.partitioner or DEFAULT_PARTITIONER,
-                               seed=spec.seed)
+        part = part if part is not None else run_partition(spec, graph, world)
         write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
                      what="--partition-dir" if not temporary else "shard folder")
     except BaseException:
@@ -144,9 +149,7 @@ def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
         return load_shard(source.folder, rank, world_size=world)
     graph = reorder(load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed),
                     getattr(spec, "reorder", "none"))
-    return build_shard(graph, partition_graph(graph, world,
-                                              spec.partitioner or DEFAULT_PARTITIONER,
-                                              seed=spec.seed), rank)
+    return build_shard(graph, run_partition(spec, graph, world), rank)
 
 
 def shard_fingerprint(shard: Shard, spec) -> str:

@@ -46,6 +46,7 @@ def test_auto_picks_and_trains(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "--algo auto chose" in r.stderr
+    assert "(busiest rank of the run's partition)" in r.stderr  # modelled on its partition
     final = json.loads(log.read_text().splitlines()[-1])
     assert final["algo"] in ("1d", "1d-halo", "1.5d", "2d", "3d") and final["world_size"] == 2
 
@@ -149,3 +150,26 @@ def test_calibrate_keeps_a_file_that_is_not_a_calibration(tmp_path, monkeypatch,
     assert main(["--calibrate", "--calibration", str(old)]) == 0
     assert Machine.load(str(old)).bandwidth == 1e9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json", "notes.json"]
+
+
+def test_auto_models_the_partition_the_run_uses():
+    """--nprocs: --algo auto ranks on the busiest rank of the very partition the shards get
+    (the same rows as gnnpar-plan --partitioner), and hands that partition on."""
+    from gnnpar.kernels.cost_model import Structure
+    from gnnpar.launch import choose_algorithm
+    from gnnpar.partitioners import partition_graph
+    from gnnpar.plan_cli import plan
+    from gnnpar.shard_source import load_graph
+    from gnnpar.spec import RunSpec
+    spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=3, partitioner="random",
+                   seed=4, quiet=True)
+    chosen, graph, part = choose_algorithm(spec, 3, exact=True)
+    want = partition_graph(graph, 3, "random", seed=4)
+    assert (part.owner == want.owner).all()
+    g = load_graph(spec)
+    rows = plan(g.num_nodes, g.num_edges + g.num_nodes, g.num_features, spec.hidden,
+                g.num_classes, spec.layers, 3, spec.model, spec,
+                structure=Structure.from_graph(g, want.owner, 3))
+    assert chosen.algo == rows[0]["algo"]
+    _, _, none = choose_algorithm(spec, 3)  # a launcher's ranks partition on their own
+    assert none is None
