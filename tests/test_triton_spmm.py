@@ -20,7 +20,7 @@ from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.kernels import triton_spmm
 from gnnpar.kernels.local import csr_tensor, transpose_csr
 
-CONFIGS = [triton_spmm.Config(64, 32, 4, 2), triton_spmm.Config(16, 32, 3, 1)]
+CONFIGS = [triton_spmm.Config(32, 16, 4, 2), triton_spmm.Config(16, 16, 3, 1)]  # config_for's step
 # a shorter step, and the row-group kernel (rows side by side, block_e 0), of several group
 # sizes: the same sums in another order
 OTHER_ORDER = [triton_spmm.Config(64, 8, 4, 2), triton_spmm.Config(16, 0, 4, 1),
