@@ -38,7 +38,7 @@ import torch
 
 from gnnpar.kernels.local import as_tensor
 
-from .row_gather import gather_groups, gather_rows
+from .row_gather import gather_groups, gather_rows, new_rows
 from .topology import index_dtype
 
 
@@ -209,7 +209,7 @@ class MacroFeatures:
         if not self.remote_ids.size:
             return gather_rows(st.x, ids, st.local_index)
         mine = st.owner[ids] == st.rank
-        out = st.x.new_empty((ids.shape[0], st.x.shape[1]))
+        out = new_rows(st.x, ids.shape[0])
         at = np.flatnonzero(mine)
         gather_rows(st.x, ids[at], st.local_index, out, at)
         at = np.flatnonzero(~mine)

@@ -77,7 +77,7 @@ def gather_rows(src: torch.Tensor, ids: np.ndarray, index: Optional[np.ndarray] 
         out[where] = picked
         return out
     if out is None:
-        out = src.new_empty((ids.shape[0], src.shape[1]))
+        out = new_rows(src, ids.shape[0])
     dest = np.zeros(0, np.int64) if at is None else np.asarray(at, np.int64)
     if out.dim() != 2 or out.shape[1] != src.shape[1]:
         raise ValueError(f"output of shape {tuple(out.shape)} for rows of {src.shape[1]}")
@@ -118,9 +118,17 @@ def gather_groups(src: torch.Tensor, id_lists: Sequence[np.ndarray],
     return outs
 
 
+def new_rows(like: torch.Tensor, n: int) -> torch.Tensor:
+    """An uninitialised (n, f) tensor like ``like``'s rows, pooled on the CPU."""
+    return _outputs(like, [int(n)])[0]
+
+
 def _outputs(src: torch.Tensor, sizes) -> List[torch.Tensor]:
     """One (n, f) output per size, from this thread's :class:`OutputPool` when it can
-    tell that a buffer is free (else fresh)."""
+    tell that a buffer is free (else fresh). Host tensors only: a device buffer may still
+    be read by queued kernels when its last Python holder goes."""
+    if src.device.type != "cpu":
+        return [src.new_empty((n, src.shape[1])) for n in sizes]
     pool = getattr(_pools, "pool", None)
     if pool is None:
         pool = _pools.pool = OutputPool()
