@@ -87,13 +87,19 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
     p = structure.p
     counts = _cost(algo).exact(structure, dims, variant, layers, rotate)
     pad_fwd, pad_bwd = _padding(algo)(structure, dims, variant)
+    # counts whose padding is not rows × f (3d: feature slices and Â pieces) give it in bytes
+    pad_bytes = getattr(counts, "padding_bytes", None)
     nbytes = np.zeros(p, np.int64)
     padded = np.zeros(p, np.int64)
     msgs = np.zeros(p, np.int64)
     for l, (f, back) in enumerate(spmm_widths(kind, widths)):
         fb, fm, bb, bm = counts.spmm(f, l)
         nbytes += fb + (bb if back else 0)
-        padded += (pad_fwd + (pad_bwd if back else 0)) * f * F32
+        if pad_bytes is not None:
+            pf, pb = pad_bytes(f, l)
+            padded += pf + (pb if back else 0)
+        else:
+            padded += (pad_fwd + (pad_bwd if back else 0)) * f * F32
         msgs += fm + (bm if back else 0)
     P = param_count(kind, widths)
     nbytes += allreduce_bytes(P, p)
@@ -103,8 +109,8 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
 
 # ----------------------------------------------------------------- padding and work
 def _padding(algo: str) -> Callable:
-    """The algorithm's padding rule (its entry's ``Cost.padding``), else none (3d/4d: their
-    gathers' padding is not modelled yet, so their padded count is the logical one)."""
+    """The algorithm's padding rule (its entry's ``Cost.padding``), else none (3d/4d count
+    theirs in their exact counts' ``padding_bytes``, since it is not rows × f)."""
     return _cost(algo).padding or no_padding
 
 

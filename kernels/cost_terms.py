@@ -17,7 +17,9 @@ the terms of :mod:`gnnpar.kernels.cost_model`:
 - ``padding(structure, dims, variant)`` (optional): per-rank arrays ``(fwd, bwd)`` of the rows
   per feature that ``all_gather``/``reduce_scatter`` move beyond the logical count (they pad
   every member's chunk to the group's largest: :func:`gather_padding`, :func:`reduce_padding`);
-  absent = the cost model's table for the built-in kernels, else none;
+  absent = none, unless the ``exact`` counts object has a ``padding_bytes(f, layer)`` method
+  giving per-rank ``(fwd, bwd)`` padded bytes itself (3d: its feature slices and Â pieces do
+  not pad rows × f);
 - ``work(structure, dims, variant, layers, rotate)`` (optional): a function ``(f, layer)`` ->
   per-rank multiply-adds of one SpMM of width f (the rank's non-zeros × the features it
   multiplies); absent = the cost model's table for the built-in kernels, else the owned rows'

@@ -49,7 +49,7 @@ from gnnpar.datasets import InputError
 from .blocks import (coo_to_csr, coords_of, exchange, layout_options, rank_of, shard_entries,
                      world_axes)
 from .comm import Comm
-from .cost_terms import F32, Cost, coll, factorisations
+from .cost_terms import F32, Cost, coll, factorisations, gather_padding, reduce_padding
 from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .entry import Algorithm, GroupRule, group_of_grid, layers_option
@@ -218,7 +218,8 @@ CUBE_PAIRS = tuple(tuple(a for a in AXES3 if a != b) for b in AXES3)
 
 class CubeCounts:
     """Exact per-rank counts of the 3d kernel on a (px, py, pz) grid: per orientation used,
-    the sizes its collectives move (feature slices make bytes non-linear in f)."""
+    the sizes its collectives move (feature slices make bytes non-linear in f), and the bytes
+    its all-gathers and reduce-scatters pad (:meth:`padding_bytes`)."""
 
     def __init__(self, s, dims, layers: int, rotate: bool):
         self.n_r, self.dims = s.sizes, dims
@@ -253,6 +254,9 @@ class CubeCounts:
             rows_z = (R[x] * (z + 1)) // pz - (R[x] * z) // pz
             self.orients.append(dict(pz=pz, px=px, py=py, z=z, Nxy=Nxy[x * py + y], R=R[x],
                                      C=C[y], nnz=nnz, rows_z=rows_z,
+                                     # each rank's X, Y and Z group (the ranks it shares the
+                                     # other two coordinates with)
+                                     gx=y * pz + z, gy=x * pz + z, gz=x * py + y,
                                      zgroup=np.stack([np.ravel_multi_index(tuple(
                                          {X: x, Y: y, Z: np.full(s.p, zz)}[a]
                                          for a in AXES3), dims)
@@ -281,6 +285,22 @@ class CubeCounts:
         fwd_m = split_m + coll(px) + 3 * coll(pz) + coll(py) + join_m
         bwd_m = split_m + coll(py) + 3 * coll(pz) + coll(px) + join_m
         return fwd_b, fwd_m, bwd_b, bwd_m
+
+    def padding_bytes(self, f: int, layer: int):
+        """(fwd, bwd) bytes per rank that the collectives move beyond :meth:`spmm`'s logical
+        count (every member's chunk padded to its group's largest): the feature slices'
+        all-gather and reduce-scatter, and the Â pieces' all-gathers over Z (int64 row
+        pointers and column indices, float32 values). The all-to-alls pad nothing."""
+        o = self.orients[layer % len(self.orients)]
+        pz = o["pz"]
+        wz = np.diff([(f * k) // pz for k in range(pz + 1)])[o["z"]] * F32
+        Nxy, gx, gy, gz = o["Nxy"], o["gx"], o["gy"], o["gz"]
+        nnz_pad = gather_padding(o["nnz"], gz) * 12
+        fwd = ((gather_padding(Nxy, gx) + reduce_padding(Nxy, gy)) * wz
+               + gather_padding(o["rows_z"] + 1, gz) * 8 + nnz_pad)
+        bwd = ((gather_padding(Nxy, gy) + reduce_padding(Nxy, gx)) * wz
+               + gather_padding(o["C"] + 1, gz) * 8 + nnz_pad)
+        return fwd, bwd
 
 
 def exact_3d(s, dims, variant, layers, rotate) -> CubeCounts:
