@@ -17,14 +17,19 @@ row's first miss and reads a shared row from memory once per minibatch. So:
   aligned outputs, else plain stores): the outputs are far larger than the caches, and a
   plain store first reads the line it overwrites.
 
+Outputs come from a per-thread :class:`OutputPool`: a fresh output of a few MB per
+minibatch page-faults on first write, and with two sampler workers the allocator kept
+mapping new pages (~320 faults per minibatch).
+
 Measured on that graph, one thread, a macrobatch sampled between gathers (cold caches as in
 the service): ``index_select`` per minibatch 11.0 ms (12.2 ms with the id lookups), the
 same rows with prefetching 9.8 ms, grouped in row order 8.5 ms, and with non-temporal
-stores 6.8 ms (sort 0.45 ms of it). Sampling + gather throughput of the bench loop
-(``scripts/bench_sampling.py``, bulk K=4): 121 → 169 minibatches/s with one worker, 236 →
-295 with two (medians of interleaved runs on a shared 2-core machine). Without the hot
-cache of a repeated micro-benchmark non-temporal stores win; on one macrobatch gathered
-again and again they lose (8.2 vs 7.4 ms): measure inside the loop.
+stores 6.8 ms (sort 0.45 ms of it). Without the hot cache of a repeated micro-benchmark
+non-temporal stores win; on one macrobatch gathered again and again they lose (8.2 vs
+7.4 ms): measure inside the loop. Sampling + gather, bulk K=4
+(``scripts/bench_dgl.py --measures sample,gather``, medians of 3 rounds, two runs each,
+before and after alternately on a shared 2-core machine): two workers 248 and 242 → 335 and
+322 minibatches/s, one worker 132 and 140 → 166 and 179 (sampling alone ~500 and ~265).
 
 One thread per call, ``nogil``: the sampler workers are the parallelism, and a
 multi-threaded gather inside each of W workers would put 2W threads on the cores (the
@@ -32,6 +37,9 @@ OpenMP teams of torch's ``index_select`` spin while they wait for each other). W
 numba, or with ``GNNPAR_SAMPLER_KERNELS=numpy`` (:func:`~gnnpar.sampling.fast.available`),
 or for tables other than contiguous float32 on the CPU, every function here is
 ``index_select`` (the reference; the rows are the same bit for bit, tested).
+
+:func:`gather_groups` is compiled once per number of lists K (a fraction of a second, then
+cached on disk).
 
 Shapes: ``src`` (m, f); ``index`` (n,) integer or None; ``ids`` (k,) int64; ``out`` (N, f)
 with N ≥ k, or rows ``at`` (k,) of it; :func:`gather_groups` returns one (k_b, f) tensor per
@@ -56,7 +64,8 @@ DISTANCE = 4
 def compiled_for(src: torch.Tensor) -> bool:
     """Whether :func:`gather_rows` runs the compiled pass for the table ``src``."""
     return (fast.available() and src.device.type == "cpu" and src.dtype == torch.float32
-            and src.dim() == 2 and src.is_contiguous() and _kernel() is not None)
+            and src.dim() == 2 and src.is_contiguous() and not src.requires_grad
+            and _kernel() is not None)
 
 
 def gather_rows(src: torch.Tensor, ids: np.ndarray, index: Optional[np.ndarray] = None,
@@ -153,36 +162,44 @@ class OutputPool:
         self.buffers: List[torch.Tensor] = []
 
     def take(self, like: torch.Tensor, sizes) -> List[torch.Tensor]:
+        """One (n, f) tensor like ``like``'s rows per size, none sharing memory with
+        another or with anything still held."""
         f, out, taken = like.shape[1], [], set()
         for n in sizes:
-            i = self._free(like, n, taken) if _use_count is not None else None
+            i = self._free(like, n, taken)
             if i is None:
-                i = self._make(like, n, taken)
-            if i is None:
-                out.append(like.new_empty((n, f)))
-                continue
+                i = self._slot(taken)
+                if i is None:  # every kept buffer is held: a fresh one, not kept
+                    out.append(like.new_empty((n, f)))
+                    continue
+                buf = like.new_empty((n + n // 8, f))  # an eighth more for the next needs
+                if i == len(self.buffers):
+                    self.buffers.append(buf)
+                else:
+                    self.buffers[i] = buf
             taken.add(i)
             out.append(self.buffers[i][:n])
         return out
 
     def _free(self, like, n, taken):
+        """A kept buffer nothing holds with n to 2n rows of ``like``'s kind, or None."""
+        if _use_count is None:
+            return None
         for i, b in enumerate(self.buffers):
             if (i not in taken and b.dtype == like.dtype and b.shape[1] == like.shape[1]
                     and n <= b.shape[0] <= 2 * max(n, 1) and _is_free(b)):
                 return i
         return None
 
-    def _make(self, like, n, taken):
-        """A new buffer with an eighth more rows, in a free slot, or None."""
+    def _slot(self, taken):
+        """Where a new buffer goes: a new slot below the limit, else the place of a kept
+        buffer nothing holds; None when all are held (or nothing can be told)."""
         if _use_count is None:
             return None
-        new = like.new_empty((n + n // 8, like.shape[1]))
         if len(self.buffers) < self.limit:
-            self.buffers.append(new)
-            return len(self.buffers) - 1
+            return len(self.buffers)
         for i, b in enumerate(self.buffers):
             if i not in taken and _is_free(b):
-                self.buffers[i] = new
                 return i
         return None
 
