@@ -33,7 +33,7 @@ from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backen
 from .plan_cli import plan
 from .rank import run_rank
 from .shard_source import (ShardSource, check_reorder, has_shards, load_graph, prepare_shards,
-                           run_partition)
+                           resolve_reorder, run_partition)
 from .spawn import SpawnError, spawn
 from .spec import RunSpec
 from .watchdog import EXIT_PREEMPTED, Watchdog
@@ -44,8 +44,11 @@ def launch(spec: RunSpec) -> dict:
     if spec.threads:
         torch.set_num_threads(spec.threads)
     size_pool(torch.get_num_threads())  # a launcher's rank: its share, not every core
+    distributed = (spec.algo != "serial" or spec.minibatch) and bool(
+        spec.nprocs or detect_world().launched)
+    spec = resolve_reorder(spec, not distributed and not spec.minibatch)
     check_reorder(spec)
-    if (spec.algo != "serial" or spec.minibatch) and (spec.nprocs or detect_world().launched):
+    if distributed:
         return run_distributed(spec)
     if spec.algo != "serial":
         raise InputError(f"--algo {spec.algo} needs --nprocs N or a launcher (torchrun, srun)")

@@ -62,11 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep npz/ogb edges as given instead of symmetrising them")
     d.add_argument("--cache-dir", default=None,
                    help="binary cache folder: a second load of the same spec reads it")
-    d.add_argument("--reorder", default="none", choices=ORDERS,
+    d.add_argument("--reorder", default="auto", choices=("auto",) + ORDERS,
                    help="renumber the vertices once at load so neighbours sit near each other "
                         "in memory (degree: hubs first; rcm: reverse Cuthill-McKee; partition: "
                         "METIS clusters of ~8k rows, hubs first in each); the same "
-                        "graph, faster sparse products (default none)")
+                        "graph, faster sparse products (default auto: degree for a "
+                        "single-process full-batch run, measured 13-20%% faster a step on "
+                        "R-MAT; none for mini batch and distributed runs)")
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")

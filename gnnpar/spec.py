@@ -37,7 +37,7 @@ class RunSpec:
     dataset: Optional[str] = None
     directed: bool = False
     cache_dir: Optional[str] = None
-    reorder: str = "none"
+    reorder: str = "auto"
     # model
     model: str = "gcn"
     layers: int = 2

@@ -62,8 +62,8 @@ def _final(tmp_path, name, *argv):
 
 
 def test_training_is_unchanged_up_to_summation_order(tmp_path):
-    base = _final(tmp_path, "none")
-    for how in ("degree", "rcm", "partition"):
+    base = _final(tmp_path, "none", "--reorder", "none")
+    for how in ("degree", "rcm", "partition", "auto"):
         assert _final(tmp_path, how, "--reorder", how)["loss"] == pytest.approx(base["loss"],
                                                                                rel=1e-5)
     dist = _final(tmp_path, "dist", "--reorder", "degree", "--algo", "1d-halo", "--nprocs", "2")
@@ -80,3 +80,20 @@ def test_reorder_refused_where_shards_fix_the_order(tmp_path, capsys):
     assert main(["--epochs", "1", "--quiet", "--algo", "1d", "--nprocs", "2",
                  "--partition-dir", str(shards), "--reorder", "degree"]) == 2
     assert "--reorder degree applies when the shards are written" in capsys.readouterr().err
+    # the default (auto) takes the shards as they are
+    assert main(["--epochs", "1", "--quiet", "--algo", "1d", "--nprocs", "2",
+                 "--partition-dir", str(shards)]) == 0
+
+
+def test_auto_order_is_degree_only_for_a_single_process_full_batch_run(tmp_path):
+    from gnnpar.shard_source import resolve_reorder, vertex_order
+    from gnnpar.spec import RunSpec
+    spec = RunSpec()
+    assert spec.reorder == "auto" and vertex_order(spec) == "none"  # unsettled: as given
+    assert resolve_reorder(spec, True).reorder == "degree"
+    assert resolve_reorder(spec, False).reorder == "none"  # mini batch, distributed
+    assert resolve_reorder(spec.evolve(reorder="rcm"), False).reorder == "rcm"
+    shards = tmp_path / "s"
+    shards.mkdir()
+    (shards / "meta.json").write_text("{}")
+    assert resolve_reorder(spec.evolve(partition_dir=str(shards)), True).reorder == "none"
