@@ -16,7 +16,8 @@ reduction), Z the features and Â's storage. For the rank at (x, y, z) in those 
 
 Forward   1. all-to-all over Z: rows of (x, y, ·), features F_z;
           2. all-gather over X → H[C_y, F_z];
-          3. all-gather of the Â pieces over Z → Â[R_x, C_y] (freed after the product);
+          3. all-gather of the Â pieces over Z → Â[R_x, C_y] (freed after the product;
+             issued before step 1, so it travels while the features are exchanged);
           4. Y = Â[R_x, C_y] · H[C_y, F_z];
           5. reduce-scatter over Y → rows of (x, y, ·), features F_z;
           6. all-to-all over Z → owned rows, all features.
@@ -108,11 +109,18 @@ class Op3D(DistOperator):
                              for k in range(self.pz)]
         self.t_indptr_sizes = [self.C + 1] * self.pz
 
-    def gather_piece(self, piece, n_rows, n_cols):
-        """Â[R_x, C_y] from the Z group's row pieces (indptr shifted by the nnz before)."""
-        ptr = self.comm.all_gather(piece[0], self.Z, self.indptr_sizes)
-        idx = self.comm.all_gather(piece[1], self.Z, self.nnz_sizes)
-        val = self.comm.all_gather(piece[2], self.Z, self.nnz_sizes, exact=True)  # Â values
+    def start_pieces(self, piece, indptr_sizes):
+        """The all-gathers over Z of a piece's row pointers, indices and values, issued: Â
+        does not depend on the features, so it travels while they are split and gathered."""
+        return (self.comm.start_all_gather(piece[0], self.Z, indptr_sizes),
+                self.comm.start_all_gather(piece[1], self.Z, self.nnz_sizes),
+                self.comm.start_all_gather(piece[2], self.Z, self.nnz_sizes,
+                                           exact=True))  # Â values
+
+    def gather_piece(self, pending, n_rows, n_cols):
+        """Â[R_x, C_y] from the Z group's row pieces (:meth:`start_pieces`; indptr shifted by
+        the nnz before)."""
+        ptr, idx, val = (p.wait() for p in pending)
         shift = np.concatenate([[0], np.cumsum(self.nnz_sizes)])
         crow = torch.cat([ptr[0][:1]] + [p[1:] + int(s) for p, s in zip(ptr, shift)])
         return torch.sparse_csr_tensor(crow, torch.cat(idx), torch.cat(val), check_invariants=False,
@@ -141,18 +149,18 @@ class Op3D(DistOperator):
         return torch.cat([c.reshape(self.num_src, w) for c, w in zip(chunks, widths)], dim=1)
 
     def forward_rows(self, h):
+        pieces = self.start_pieces(self.piece, self.indptr_sizes)
         hc = torch.cat(self.comm.all_gather(self.split_features(h), self.X, self.xy_sizes_x))
-        y = csr_mm(self.gather_piece(self.piece, self.R, self.C), hc)
+        y = csr_mm(self.gather_piece(pieces, self.R, self.C), hc)
         return self.join_features(self.comm.reduce_scatter(y, self.Y, self.xy_sizes_y),
                                   h.shape[1])
 
     def backward_rows(self, grad):
         f = grad.shape[1]
+        pending = self.start_pieces(self.piece_t, self.t_indptr_sizes)
         g_rows = torch.cat(self.comm.all_gather(self.split_features(grad), self.Y,
                                                 self.xy_sizes_y))
-        pieces = self.comm.all_gather(self.piece_t[0], self.Z, self.t_indptr_sizes)
-        idx = self.comm.all_gather(self.piece_t[1], self.Z, self.nnz_sizes)
-        val = self.comm.all_gather(self.piece_t[2], self.Z, self.nnz_sizes, exact=True)
+        pieces, idx, val = (p.wait() for p in pending)
         d = None
         for z in range(self.pz):
             rows = (self.C, self.row_bounds[z + 1] - self.row_bounds[z])
