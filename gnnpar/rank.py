@@ -31,7 +31,8 @@ from .resume import Checkpointing, run_meta
 from .sampling.loop import fit_minibatch
 from .sampling.setup import build_rank, final_sampling, serial_parts
 from .serial import SerialRuntime
-from .shard_source import ShardSource, load_graph, load_rank_shard, shard_fingerprint
+from .shard_source import (ShardSource, load_graph, load_rank_shard, shard_fingerprint,
+                           vertex_order)
 from .spec import RunSpec
 from .trainer import TrainConfig, fit, make_optimizer
 
@@ -85,7 +86,8 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
             **_numerics_identity(spec)}
     lead = rank == 0
     ckpt = Checkpointing(spec, rank, meta, model, opt, spec.quiet or not lead)
-    fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype}
+    fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype,
+              "reorder": vertex_order(spec)}  # the order the graph was loaded in
     return train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
                         model, spec, fields, lead, training.desc,
                         {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,

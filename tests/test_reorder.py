@@ -63,14 +63,18 @@ def _final(tmp_path, name, *argv):
 
 def test_training_is_unchanged_up_to_summation_order(tmp_path):
     base = _final(tmp_path, "none", "--reorder", "none")
+    assert base["reorder"] == "none"
+    assert _final(tmp_path, "auto")["reorder"] == "degree"  # the default, serial full batch
     for how in ("degree", "rcm", "partition", "auto"):
         assert _final(tmp_path, how, "--reorder", how)["loss"] == pytest.approx(base["loss"],
                                                                                rel=1e-5)
     dist = _final(tmp_path, "dist", "--reorder", "degree", "--algo", "1d-halo", "--nprocs", "2")
-    assert dist["loss"] == pytest.approx(base["loss"], rel=1e-5)
+    assert dist["loss"] == pytest.approx(base["loss"], rel=1e-5) and dist["reorder"] == "degree"
     mb = _final(tmp_path, "mb", "--reorder", "rcm", "--mode", "minibatch", "--fanouts", "5,5",
                 "--batch-size", "64")
-    assert np.isfinite(mb["loss"])
+    assert np.isfinite(mb["loss"]) and mb["reorder"] == "rcm"
+    assert _final(tmp_path, "mb-auto", "--mode", "minibatch", "--fanouts", "5,5",
+                  "--batch-size", "64")["reorder"] == "none"  # auto: degree only serial full
 
 
 def test_reorder_refused_where_shards_fix_the_order(tmp_path, capsys):
