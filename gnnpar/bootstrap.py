@@ -9,8 +9,10 @@
    ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``), expanded here without ``scontrol``;
    the port is derived from the job and step ids, so every task computes the same one;
 3. **MPI** (``mpirun``/``mpiexec``, seen by ``PMI_RANK``, ``OMPI_COMM_WORLD_RANK`` or
-   ``PMIX_RANK``) — mpi4py gives rank, size and the ranks on this host; rank 0 picks a free
-   port and broadcasts address and port. MPI only bootstraps: gloo (or NCCL) communicates;
+   ``PMIX_RANK``) — mpi4py gives rank, size and the ranks on this host; rank 0 opens the
+   rendezvous store on a port the kernel picks as it binds (no other process can take it in
+   between, as it could a port picked first and bound later) and broadcasts address and
+   port. MPI only bootstraps: gloo (or NCCL) communicates;
 4. **local** — ``--nprocs N``: this process is the parent that spawns N ranks;
 5. **single** — none of the above: one process, world size 1.
 
@@ -237,6 +239,11 @@ def _mpi_env_rank(env) -> Optional[Tuple[int, Optional[int]]]:
     return None
 
 
+#: the rendezvous stores of mpirun worlds, by port (:func:`_from_mpi`, :func:`init_distributed`)
+_MPI_STORES: dict = {}
+_STORE_TIMEOUT = datetime.timedelta(seconds=300)
+
+
 def free_port(host: str = "") -> int:
     """A TCP port free right now on ``host`` (the kernel's choice)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -256,15 +263,22 @@ def _from_mpi(env) -> WorldInfo:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     local, local_world = node.Get_rank(), node.Get_size()
     node.Free()
-    addr_port = None
+    given = bool(env.get("MASTER_ADDR") and env.get("MASTER_PORT"))
+    addr_port = store = None
     if rank == 0:
-        if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        if given:
             addr_port = (env["MASTER_ADDR"], int(env["MASTER_PORT"]))
-        else:
+        else:  # rank 0 listens on a port the kernel picks as it binds: nothing can take it
             one_host = local_world == world
-            addr_port = ("127.0.0.1" if one_host else socket.gethostname(),
-                         free_port("127.0.0.1" if one_host else ""))
+            store = dist.TCPStore("127.0.0.1" if one_host else "", 0, world, is_master=True,
+                                  wait_for_workers=False, timeout=_STORE_TIMEOUT)
+            addr_port = ("127.0.0.1" if one_host else socket.gethostname(), store.port)
     addr, port = comm.bcast(addr_port, root=0)
+    if not given:
+        if store is None:
+            store = dist.TCPStore(addr, int(port), world, is_master=False,
+                                  timeout=_STORE_TIMEOUT)
+        _MPI_STORES[int(port)] = store  # init_distributed joins through it
     return WorldInfo(rank, world, local, addr, int(port), "mpi", local_world)
 
 
@@ -383,8 +397,13 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
         torch.cuda.set_device(gpu)
         device = torch.device("cuda", gpu)
     td = datetime.timedelta(seconds=timeout)
+    store = _MPI_STORES.pop(info.master_port, None) if info.source == "mpi" else None
     if info.world_size == 1 and info.master_port is None:
         init_process_group(name, store=dist.HashStore(), rank=0, world_size=1, timeout=td)
+    elif store is not None:  # mpirun: the store rank 0 bound while the world was detected
+        store.set_timeout(td)
+        init_process_group(name, store=store, rank=info.rank, world_size=info.world_size,
+                           timeout=td)
     else:
         init_process_group(name, init_method=info.init_method, rank=info.rank,
                            world_size=info.world_size, timeout=td)

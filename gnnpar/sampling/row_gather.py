@@ -163,10 +163,18 @@ class OutputPool:
 
     def take(self, like: torch.Tensor, sizes) -> List[torch.Tensor]:
         """One (n, f) tensor like ``like``'s rows per size, none sharing memory with
-        another or with anything still held."""
-        f, out, taken = like.shape[1], [], set()
+        another or with anything still held. Kept buffers nothing holds serve the needs
+        they fit first; only the needs left over replace a free buffer or get a fresh one
+        (so a free buffer is not evicted for a need that another one could serve)."""
+        f, taken = like.shape[1], set()
+        slots = []
         for n in sizes:
             i = self._free(like, n, taken)
+            if i is not None:
+                taken.add(i)
+            slots.append(i)
+        out = []
+        for n, i in zip(sizes, slots):
             if i is None:
                 i = self._slot(taken)
                 if i is None:  # every kept buffer is held: a fresh one, not kept
@@ -177,7 +185,7 @@ class OutputPool:
                     self.buffers.append(buf)
                 else:
                     self.buffers[i] = buf
-            taken.add(i)
+                taken.add(i)
             out.append(self.buffers[i][:n])
         return out
 
