@@ -1,4 +1,5 @@
-"""Dropout (and ReLU before it) with a mask drawn from a hash, not from per-element draws.
+"""Dropout (and ReLU and a bias add before it) with a mask drawn from a hash, not from
+per-element draws.
 
 ``torch.nn.functional.dropout`` draws one Bernoulli sample per element through the generic
 path, which on CPU costs several times a full pass over the tensor (measured: 230 ms for
@@ -14,18 +15,24 @@ exactly preserved. Deterministic per torch seed, and the same masks on both CPU 
   used), the same keep decisions are computed with numpy into a float mask with the scale
   folded in, and forward and backward are one multiply each.
 
-So a run gives the same numbers launched by ``mpirun`` or with ``--nprocs``. On CUDA, torch's
-fused dropout kernel is already cheap and is used as it is.
+So a run gives the same numbers launched by ``mpirun`` or with ``--nprocs``. On CUDA (with
+Triton) one pass each way does the bias add, ReLU and dropout together
+(:mod:`gnnpar.kernels.triton_epilogue`: the same hash, so a seed gives the same mask as on the
+CPU, and no mask is stored); ``GNNPAR_EPILOGUE_GPU=torch`` or no Triton uses torch's ops.
 
-Shapes: x (…) → same shape; the seed (compiled path) or the scaled float mask is kept for the
-backward.
+:func:`bias_relu_dropout` is what a hidden layer ends with: ``dropout(relu(z + bias))``, one
+pass on a GPU; on CPUs the bias add is its own op (:func:`add_bias`) and ReLU + dropout one
+compiled pass, as before.
+
+Shapes: x (…) → same shape; the seed (compiled paths) or the scaled float mask is kept for the
+backward. With a bias: z (n, f), bias (f,).
 """
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
-from gnnpar.kernels import cpu_dropout
+from gnnpar.kernels import cpu_dropout, triton_epilogue
 
 
 def _units(p: float):
@@ -75,6 +82,34 @@ class _CompiledDropout(torch.autograd.Function):
         return cpu_dropout.masked_scale(grad, cond, ctx.seed, *ctx.units, ctx.relu), None, None
 
 
+class _GPUFused(torch.autograd.Function):
+    """One Triton pass each way: bias add (unless None), ReLU (with ``relu``), dropout."""
+
+    @staticmethod
+    def forward(ctx, z, bias, p, relu):
+        ctx.seed = _seed()
+        ctx.units, ctx.relu = _units(p), relu
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        out = triton_epilogue.forward(z, bias, ctx.seed, *ctx.units, relu)
+        ctx.save_for_backward(out if relu else z.new_empty(0))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        dz = triton_epilogue.backward(grad, out if ctx.relu else None, ctx.seed, *ctx.units,
+                                      ctx.relu)
+        db = None
+        if ctx.needs_input_grad[1]:  # the bias's gradient: dz summed over the rows, in fp32
+            db = dz.reshape(-1, dz.shape[-1]).sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        return dz, db, None, None
+
+
+def add_bias(z: torch.Tensor, bias) -> torch.Tensor:
+    """z + bias in z's dtype (bf16 activations stay bf16; the bias itself stays float32)."""
+    return z if bias is None else z + bias.to(z.dtype)
+
+
 def _check(p: float) -> None:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
@@ -85,7 +120,9 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     _check(p)
-    if x.device.type != "cpu":  # the fused CUDA kernel of torch is already cheap
+    if triton_epilogue.usable(x):
+        return _GPUFused.apply(x, None, p, False)
+    if x.device.type != "cpu":  # no Triton, or switched off: torch's fused CUDA kernel
         return F.dropout(x, p, True)
     if cpu_dropout.usable(x):
         return _CompiledDropout.apply(x, p, False)
@@ -99,6 +136,18 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
     if not training or p == 0.0:
         return F.relu(x)
     _check(p)
+    if triton_epilogue.usable(x):
+        return _GPUFused.apply(x, None, p, True)
     if cpu_dropout.usable(x):
         return _CompiledDropout.apply(x, p, True)
     return dropout(F.relu(x), p, training)
+
+
+def bias_relu_dropout(z: torch.Tensor, bias, p: float, training: bool = True) -> torch.Tensor:
+    """``dropout(relu(z + bias), p, training)``; one pass each way on a GPU with Triton, else
+    :func:`add_bias` then :func:`relu_dropout`. ``bias`` (f,) or None; z (n, f)."""
+    if training and p != 0.0:
+        _check(p)
+        if triton_epilogue.usable(z):
+            return _GPUFused.apply(z, bias, p, True)
+    return relu_dropout(add_bias(z, bias), p, training)

@@ -13,7 +13,7 @@ passes one sampled block per layer. The same model code runs on all of them unch
 Under ``--precision bf16`` (:mod:`gnnpar.precision`) the forward pass runs in
 :func:`torch.autocast`: the linear layers compute in bf16 and the operators take bf16
 features. The float32 biases are cast to the activations' dtype where they are added
-(``_add_bias``), so the activations stay bf16 from layer to layer instead of being promoted
+(:func:`gnnpar.dropout.add_bias`), so the activations stay bf16 from layer to layer instead of being promoted
 back to float32 by an fp32 + bf16 sum; in an fp32 run that cast is the identity.
 
 Which Â a model wants is its ``norm`` attribute (``"gcn"``, ``"mean"`` or ``"sum"``; see
@@ -36,12 +36,7 @@ from typing import Sequence, Union
 import torch
 from torch import nn
 
-from .dropout import dropout, relu_dropout
-
-
-def _add_bias(z: torch.Tensor, bias) -> torch.Tensor:
-    """z + bias in z's dtype (bf16 activations stay bf16; the bias itself stays float32)."""
-    return z if bias is None else z + bias.to(z.dtype)
+from .dropout import add_bias, bias_relu_dropout, dropout, relu_dropout
 
 
 class GCNLayer(nn.Module):
@@ -59,12 +54,15 @@ class GCNLayer(nn.Module):
         self.lin = nn.Linear(f_in, f_out, bias=False)
         self.bias = nn.Parameter(torch.zeros(f_out)) if bias else None
 
-    def forward(self, op, h: torch.Tensor) -> torch.Tensor:
+    def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
+        """Â·H·W without the bias: :class:`GNN` adds it in the same pass as the ReLU and
+        dropout that follow (:func:`gnnpar.dropout.bias_relu_dropout`)."""
         if self.lin.in_features <= self.lin.out_features:
-            z = self.lin(op(h))
-        else:
-            z = op(self.lin(h))
-        return _add_bias(z, self.bias)
+            return self.lin(op(h))
+        return op(self.lin(h))
+
+    def forward(self, op, h: torch.Tensor) -> torch.Tensor:
+        return add_bias(self.unbiased(op, h), self.bias)
 
 
 class SAGELayer(nn.Module):
@@ -86,7 +84,7 @@ class SAGELayer(nn.Module):
         if self.lin_neigh.in_features <= self.lin_neigh.out_features:
             neigh = self.lin_neigh(op(h))
         else:
-            neigh = _add_bias(op(h @ self.lin_neigh.weight.t()), self.lin_neigh.bias)
+            neigh = add_bias(op(h @ self.lin_neigh.weight.t()), self.lin_neigh.bias)
         return neigh + self.lin_root(h_dst)
 
 
@@ -96,7 +94,8 @@ Ops = Union[object, Sequence[object]]
 
 
 class GNN(nn.Module):
-    """A stack of layers with ReLU and dropout between them.
+    """A stack of layers with ReLU and dropout between them (for a layer with ``unbiased`` and
+    ``bias``, the bias add joins them: one pass on a GPU).
 
     ``forward(ops, x)``: ``ops`` is one operator used by every layer (full batch) or a list with
     one operator per layer (mini-batch blocks, outermost first).
@@ -121,9 +120,14 @@ class GNN(nn.Module):
         h = dropout(x, self.dropout, self.training)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            h = layer(ops[i] if per_layer else ops, h)
-            if i < last:  # ReLU, then the next layer's input dropout: one pass on CPUs
-                h = relu_dropout(h, self.dropout, self.training)
+            op = ops[i] if per_layer else ops
+            if i == last:
+                h = layer(op, h)
+            elif hasattr(layer, "unbiased"):  # bias, ReLU, the next layer's input dropout
+                h = bias_relu_dropout(layer.unbiased(op, h), layer.bias, self.dropout,
+                                      self.training)
+            else:  # ReLU, then the next layer's input dropout: one pass on CPUs
+                h = relu_dropout(layer(op, h), self.dropout, self.training)
         return h
 
 

@@ -81,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto = cuda when available")
-    t.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    t.add_argument("--precision", choices=("fp32", "bf16", "tf32"), default="fp32",
                    help="bf16: dense layers under autocast and bf16 features into the SpMM "
-                        "(fp32 accumulation, fp32 master weights); default fp32")
+                        "(fp32 accumulation, fp32 master weights); tf32 (CUDA): fp32, but the "
+                        "dense layers' matrix products on TF32 tensor cores; default fp32")
     t.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads per rank (default: cores / ranks)")
     o = p.add_argument_group("output")
@@ -153,6 +154,11 @@ def check_algo_flags(args) -> None:
 RANK_PROCESS_BYTES = 150 * 2 ** 20
 
 
+def _cuda_available() -> bool:
+    import torch  # the options module itself stays light (``--help``)
+    return torch.cuda.is_available()
+
+
 def check_args(args) -> None:
     """Refuse values that cannot work, and flags the run would ignore, with the flag's name in
     the message; output paths are checked here too, before any work."""
@@ -171,6 +177,10 @@ def check_args(args) -> None:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     if args.nprocs is not None and args.nprocs < 1:
         raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
+    if args.precision == "tf32" and (args.device == "cpu" or args.device == "auto"
+                                     and not _cuda_available()):
+        raise InputError("--precision tf32 is a mode of CUDA's matrix products; this run is "
+                         "on the CPU (use fp32 or bf16)")
     check_algo_flags(args)
     check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":

@@ -8,9 +8,11 @@ A *runtime* (:class:`gnnpar.interfaces.Runtime`) supplies this rank's rows (``op
 The loss is the global mean cross-entropy over training nodes: each rank sums its rows' losses
 and divides by the global count, so the summed gradients equal the serial ones exactly.
 
-``TrainConfig.precision`` (``--precision``): the forward passes (training and evaluation) run
-in :func:`gnnpar.precision.autocast` and the loss takes float32 logits
-(:func:`gnnpar.precision.loss_logits`); parameters and optimiser stay float32.
+``TrainConfig.precision`` (``--precision``): each step (forward and backward) and evaluation
+runs in :func:`gnnpar.precision.matmuls`, the forward passes in
+:func:`gnnpar.precision.autocast` and the loss takes float32 logits
+(:func:`gnnpar.precision.loss_logits`, in :func:`gnnpar.loss.summed_cross_entropy`);
+parameters and optimiser stay float32.
 """
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
-from torch.nn import functional as F
 
 from .interfaces import SPLITS, CommStats, Reducer
+from .loss import summed_cross_entropy
 from .memory import peak_memory_bytes
-from .precision import autocast, check, loss_logits
+from .precision import autocast, check, matmuls
 
 
 @dataclass
@@ -91,11 +93,12 @@ def train_step(model, opt, runtime, train_count: float, precision: str = "fp32"
     model.train()
     opt.zero_grad(set_to_none=True)
     runtime.start_pass()
-    with autocast(precision, runtime.x.device):
-        out = model(runtime.op, runtime.x)
-    mask = runtime.masks["train"]
-    loss_sum = F.cross_entropy(loss_logits(out[mask]), runtime.y[mask], reduction="sum")
-    (loss_sum / train_count).backward()
+    with matmuls(precision):
+        with autocast(precision, runtime.x.device):
+            out = model(runtime.op, runtime.x)
+        mask = runtime.masks["train"]
+        loss_sum = summed_cross_entropy(out, runtime.y, mask)
+        (loss_sum / train_count).backward()
     runtime.sync_grads(list(model.parameters()))
     opt.step()
     return loss_sum.detach().to(torch.float64)
@@ -106,7 +109,7 @@ def evaluate(model, runtime, precision: str = "fp32") -> Dict[str, float]:
     """Accuracy on train/val/test over all ranks."""
     model.eval()
     runtime.start_pass()
-    with autocast(precision, runtime.x.device):
+    with matmuls(precision), autocast(precision, runtime.x.device):
         out = model(runtime.op, runtime.x)
     c = runtime.all_reduce_sum(_counts(out, runtime.y, runtime.masks))
     return {f"{s}_acc": float(c[2 * i] / max(c[2 * i + 1], 1)) for i, s in enumerate(SPLITS)}

@@ -1,35 +1,30 @@
-"""CSR × dense on GPUs: Triton kernels with fp32 accumulation.
+"""CSR × dense on GPUs: a Triton row-split kernel with fp32 accumulation.
 
-``Z = A · H``, two kernels; program (p, t) computes rows of Z for the feature columns
-``[t·BLOCK_F, (t+1)·BLOCK_F)``:
-
-- **row split** (``BLOCK_E ≥ 1``): ``ROWS`` rows one after another, each walked ``BLOCK_E``
-  entries a step (a ``BLOCK_E × BLOCK_F`` gather summed over the entries);
-- **row group** (``BLOCK_E = 0``): ``ROWS`` rows side by side, one entry of each row a step (a
-  ``ROWS × BLOCK_F`` gather added into a ``ROWS × BLOCK_F`` accumulator: no sum across
-  threads, as in sliced-ELL formats). The step count is the group's longest row, so it
-  relies on the longest-first order below to put rows of like length together.
-
-Both gather the H rows the entries name (fp32, bf16 or fp16 — read at their own width, so
-bf16 features halve the gather traffic), multiply by the entry values, sum in fp32 and store
-each row once in H's dtype. Each output row is written by exactly one program: no atomics, no
-partial outputs, and the same sums in the same order on every run of a tile.
+``Z = A · H``; program (p, t) computes ``ROWS`` rows of Z, one after another, for the feature
+columns ``[t·BLOCK_F, (t+1)·BLOCK_F)``, walking each row ``BLOCK_E`` entries a step (a
+``BLOCK_E × BLOCK_F`` gather of the H rows the entries name, summed over the entries). H is
+read at its own width (fp32, bf16 or fp16: bf16 features halve the gather traffic), the terms
+are multiplied by the entry values and summed in fp32, and each row is stored once in H's
+dtype. Each output row is written by exactly one program: no atomics, no partial outputs, and
+the same sums in the same order on every run of a tile.
 
 Rows are visited longest first (:func:`row_order`, computed once per matrix and kept): on
 power-law graphs a hub row of 10⁴–10⁵ entries is one program's serial loop, and started last
 it would run alone at the end of the launch. Longest-first is the classic list-scheduling fix,
 and it puts rows of like length into one program.
 
-Measured on an H200 (rmat:scale=20,ef=16, ``bench_spmm.py --device cuda --sweep``), the row
-split kernel at its best tile is 1.6–2.3× slower than cuSPARSE (width 256 fp32: 12.7 ms
-against 6.2 ms; more warps a program were slower still — the per-step sum across threads
-dominates), which is why the row-group kernel was added; it is not measured on a GPU yet, so
-cuSPARSE stays :data:`DEFAULT`.
+Measured on an H200 (rmat:scale=20,ef=16, ``bench_spmm.py --device cuda --sweep``), the kernel
+at its best tile is 1.6–2.3× slower than cuSPARSE (width 256 fp32: 12.6–12.7 ms against
+6.2 ms in two runs; more warps a program were slower still), so cuSPARSE stays
+:data:`DEFAULT`. A row-group variant (rows side by side, one entry of each a step, no sum
+across threads) was tried and removed: 6–10× slower than cuSPARSE at width 256 where it
+compiled, and Triton 3.6 failed to compile half of its tiles.
 
 The tile shape (``BLOCK_F``, ``BLOCK_E``, ``ROWS``, warps) is tuned: the first product of
 each (GPU, dtype, width class) times every :data:`CANDIDATES` tile on its own operands and
 keeps the fastest for the rest of the process (:func:`tuned`; about a second per class, the
-compiled tiles are cached on disk by Triton). ``GNNPAR_TRITON_CONFIG=BF,BE,R,W`` fixes the
+compiled tiles are cached on disk by Triton; a tile this Triton fails to compile is skipped
+with a warning). ``GNNPAR_TRITON_CONFIG=BF,BE,R,W`` fixes the
 tile, and so does :func:`torch.use_deterministic_algorithms` (to :func:`config_for`'s): tiles
 may sum a row's terms in different orders, so a tile chosen by timing can differ in the last
 bits from one process to the next. ``scripts/bench_spmm.py --device cuda --sweep`` prints
@@ -49,6 +44,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -61,8 +57,8 @@ MODES = ("triton", "cusparse")
 
 
 class Config(NamedTuple):
-    """A launch's tile: feature columns per program, entries per step of a row (0: the
-    row-group kernel, one entry of each row a step), rows per program, warps per program."""
+    """A launch's tile: feature columns per program, entries per step of a row, rows per
+    program, warps per program."""
     block_f: int
     block_e: int
     rows: int
@@ -70,11 +66,9 @@ class Config(NamedTuple):
 
 
 #: the tiles ``bench_spmm.py --sweep`` times and :func:`tuned` picks from (block_f is capped at
-#: the width's power of two): the row-split tiles fastest on an H200, then row-group tiles
+#: the width's power of two): the fastest on an H200 at widths 64–512
 CANDIDATES = tuple(Config(*c) for c in (
-    (64, 16, 1, 2), (64, 32, 1, 4), (128, 32, 1, 4), (256, 16, 1, 8),
-    (32, 0, 64, 2), (64, 0, 32, 4), (64, 0, 64, 4), (128, 0, 32, 4), (128, 0, 16, 4),
-    (256, 0, 8, 4)))
+    (64, 16, 1, 2), (64, 32, 1, 4), (128, 32, 1, 4), (256, 16, 1, 8)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,11 +112,9 @@ def fixed_config() -> Config:
         c = Config(*(int(x) for x in env.split(",")))
     except (TypeError, ValueError):
         raise ValueError(f"{CONFIG_ENV} must be BLOCK_F,BLOCK_E,ROWS,WARPS, got {env!r}")
-    if (min(c.block_f, c.rows, c.warps) < 1 or c.block_e < 0
-            or any(x & (x - 1) for x in (c.block_f, c.block_e, c.warps))
-            or c.block_e == 0 and c.rows & (c.rows - 1)):
-        raise ValueError(f"{CONFIG_ENV}: BLOCK_F, WARPS and BLOCK_E powers of two (BLOCK_E 0: "
-                         f"the row-group kernel, whose ROWS is a power of two too), ROWS at "
+    if (min(c.block_f, c.block_e, c.rows, c.warps) < 1
+            or any(x & (x - 1) for x in (c.block_f, c.block_e, c.warps))):
+        raise ValueError(f"{CONFIG_ENV}: BLOCK_F, BLOCK_E and WARPS powers of two, ROWS at "
                          f"least 1, got {env!r}")
     return c
 
@@ -151,7 +143,11 @@ def tuned(A: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> Config:
         order, times = row_order(A), {}
         for c in dict.fromkeys(capped(c, f) for c in CANDIDATES):
             launch = functools.partial(_launch, A, h, out, c, order)
-            launch()
+            try:
+                launch()
+            except Exception as e:  # noqa: BLE001 - a tile this Triton cannot build: skip it
+                _skipped(c, e)
+                continue
             start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
             start.record()
             launch()
@@ -159,8 +155,22 @@ def tuned(A: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> Config:
             stop.record()
             stop.synchronize()
             times[c] = start.elapsed_time(stop)
+        if not times:
+            raise RuntimeError("triton_spmm: no candidate tile compiled on this GPU; set "
+                               f"{ENV}=cusparse")
         _TUNED[key] = min(times, key=times.get)
     return _TUNED[key]
+
+
+def _skipped(c: Config, e: Exception) -> None:
+    """Say once per tile that tuning skipped it (the compiler refused it)."""
+    if c not in _SKIPPED:
+        _SKIPPED.add(c)
+        warnings.warn(f"triton_spmm: tile {tuple(c)} skipped: {type(e).__name__}: "
+                      f"{str(e).splitlines()[-1][:200] if str(e) else ''}", RuntimeWarning)
+
+
+_SKIPPED: set = set()
 
 
 _ORDERS: dict = {}
@@ -215,28 +225,7 @@ def _kernel():
                 tl.store(out + row * stride_out + cols, acc.to(out.dtype.element_ty),
                          mask=fmask)
 
-    @triton.jit
-    def _row_group(indptr, indices, values, order, h, out, n_rows, f, stride_h, stride_out,
-                   BLOCK_F: tl.constexpr, ROWS: tl.constexpr):  # pragma: no cover
-        cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-        fmask = cols < f
-        slots = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        smask = slots < n_rows
-        rows = tl.load(order + slots, mask=smask, other=0).to(tl.int64)
-        start = tl.load(indptr + rows, mask=smask, other=0).to(tl.int64)
-        length = tl.load(indptr + rows + 1, mask=smask, other=0).to(tl.int64) - start
-        acc = tl.zeros([ROWS, BLOCK_F], dtype=tl.float32)
-        for k in range(0, tl.max(length, axis=0)):
-            live = k < length
-            c = tl.load(indices + start + k, mask=live, other=0).to(tl.int64)
-            v = tl.load(values + start + k, mask=live, other=0.0).to(tl.float32)
-            hv = tl.load(h + c[:, None] * stride_h + cols[None, :],
-                         mask=live[:, None] & fmask[None, :], other=0.0)
-            acc += v[:, None] * hv.to(tl.float32)
-        tl.store(out + rows[:, None] * stride_out + cols[None, :], acc.to(out.dtype.element_ty),
-                 mask=smask[:, None] & fmask[None, :])
-
-    return _row_split, _row_group, triton.cdiv
+    return _row_split, triton.cdiv
 
 
 def csr_mm(A: torch.Tensor, h: torch.Tensor, out=None, config: Config = None,
@@ -255,13 +244,10 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out=None, config: Config = None,
 
 
 def _launch(A, h, out, c: Config, order) -> None:
-    row_split, row_group, cdiv = _kernel()
+    row_split, cdiv = _kernel()
     n_dst, f = A.shape[0], h.shape[1]
     args = (A.crow_indices(), A.col_indices(), A.values().detach(), order, h, out, n_dst, f,
             h.stride(0), out.stride(0))
     grid = (cdiv(n_dst, c.rows), cdiv(f, c.block_f))
-    if c.block_e:
-        row_split[grid](*args, BLOCK_F=c.block_f, BLOCK_E=c.block_e, ROWS=c.rows,
-                        num_warps=c.warps)
-    else:
-        row_group[grid](*args, BLOCK_F=c.block_f, ROWS=c.rows, num_warps=c.warps)
+    row_split[grid](*args, BLOCK_F=c.block_f, BLOCK_E=c.block_e, ROWS=c.rows,
+                    num_warps=c.warps)

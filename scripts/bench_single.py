@@ -8,14 +8,22 @@ An epoch is forward + backward + Adam step (3 layers, hidden 256 by default), ti
 median of ``--repeats`` epochs after ``--warmup`` epochs. Variants:
 
 - ``gnnpar``       — our serial trainer step (CSR SpMM with a stored transpose), fp32, with
-  CUDA products on the default GPU kernel (``kernels/triton_spmm.py``'s ``DEFAULT``);
-- on CUDA also ``gnnpar_triton`` / ``gnnpar_cusparse`` (the other GPU kernel, by
-  ``GNNPAR_SPMM_GPU``), and ``gnnpar_bf16`` / ``gnnpar_triton_bf16`` /
-  ``gnnpar_cusparse_bf16`` — the same step with ``--precision bf16`` (bf16 dense layers and
-  SpMM features, fp32 sums and master weights; ``gnnpar/precision.py``); ``--variants`` picks;
-- ``pyg_adj_t``    — PyG ``GCNConv(cached=True)`` on a torch sparse CSR ``adj_t``;
+  CUDA products on the default GPU kernel (``kernels/triton_spmm.py``'s ``DEFAULT``) and, on
+  CUDA, bias + ReLU + dropout in one Triton pass (``kernels/triton_epilogue.py``), on the graph
+  in the vertex order ``gnnpar-train`` uses for this run (``--reorder``; ``auto``: degree
+  order, hubs first, as for any single-process full-batch run);
+- ``--variants`` names more, each a dash-joined set of: ``fp32``/``bf16``/``tf32``
+  (``--precision bf16``: bf16 dense layers and SpMM features, fp32 sums and master weights;
+  ``tf32``: fp32 with the dense layers' products on TF32 tensor cores; ``gnnpar/precision.py``), ``triton``/``cusparse`` (the GPU SpMM kernel, by
+  ``GNNPAR_SPMM_GPU``), ``unfused`` (torch's bias, ReLU and dropout ops:
+  ``GNNPAR_EPILOGUE_GPU=torch``), ``natural`` (the dataset's own vertex order, as PyG gets
+  it). ``auto``: fp32 and bf16, and on CUDA also the other GPU kernel, ``unfused``,
+  ``natural`` and ``tf32``;
+- ``pyg_adj_t``    — PyG ``GCNConv(cached=True)`` on a torch sparse CSR ``adj_t``, on the
+  dataset's own order;
 - ``pyg_adj_t_bf16`` — the same under ``torch.autocast(bfloat16)`` (CUDA; reported as failed
-  where PyG's path refuses it);
+  where PyG's path refuses it), and ``pyg_adj_t_tf32`` with TF32 matmuls (CUDA; the
+  like-for-like partner of gnnpar's ``tf32``);
 - ``pyg_edge_index`` — PyG ``GCNConv(cached=True)`` on ``edge_index`` (scatter path).
 
 Peak memory per variant: CUDA peak allocated bytes, or on CPU the peak RSS growth over the
@@ -40,8 +48,10 @@ import torch
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout without installing
 
 from gnnpar.datasets import load_dataset  # noqa: E402
-from gnnpar.kernels import triton_spmm  # noqa: E402
+from gnnpar.datasets.reorder import ORDERS, reorder  # noqa: E402
+from gnnpar.kernels import triton_epilogue, triton_spmm  # noqa: E402
 from gnnpar.models import GNN  # noqa: E402
+from gnnpar.precision import matmuls  # noqa: E402
 from gnnpar.serial import SerialRuntime  # noqa: E402
 from gnnpar.trainer import train_step  # noqa: E402
 
@@ -107,51 +117,61 @@ def pyg_model(f_in, hidden, f_out, layers, dropout):
     return PygGCN()
 
 
-def pyg_step(model, x, adj, y, mask, opt, bf16=False):
+def pyg_step(model, x, adj, y, mask, opt, precision="fp32"):
     def step():
         model.train()
         opt.zero_grad(set_to_none=True)
-        with (torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16
-              else contextlib.nullcontext()):
-            out = model(x, adj)
-        loss = torch.nn.functional.cross_entropy(out[mask].float(), y[mask])
-        loss.backward()
+        with matmuls(precision):
+            with (torch.autocast(x.device.type, dtype=torch.bfloat16) if precision == "bf16"
+                  else contextlib.nullcontext()):
+                out = model(x, adj)
+            loss = torch.nn.functional.cross_entropy(out[mask].float(), y[mask])
+            loss.backward()
         opt.step()
     return step
 
 
 @contextlib.contextmanager
-def gpu_kernel(mode):
-    """``GNNPAR_SPMM_GPU=mode`` for the block (None: as it is)."""
-    old = os.environ.get(triton_spmm.ENV)
-    if mode:
-        os.environ[triton_spmm.ENV] = mode
+def environ(settings):
+    """The environment variables ``settings`` (name -> value) for the block."""
+    old = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop(triton_spmm.ENV, None)
-        else:
-            os.environ[triton_spmm.ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+PRECISIONS = ("fp32", "bf16", "tf32")
+TOKENS = PRECISIONS + ("unfused", "natural") + triton_spmm.MODES
 
 
 def gnnpar_variants(spec, device):
-    """``--variants``' gnnpar entries: name -> (GPU kernel or None, precision)."""
+    """``--variants``' gnnpar entries: name -> (environment, precision, natural order)."""
     if spec == "auto":
+        other = [m for m in triton_spmm.MODES if m != triton_spmm.DEFAULT]
         spec = "fp32,bf16" if device.type == "cpu" else ",".join(
-            ["fp32", "bf16"] + [f"{m}{p}" for m in triton_spmm.MODES
-                                if m != triton_spmm.DEFAULT for p in ("", "-bf16")])
+            ["fp32", "bf16"] + [f"{m}{p}" for m in other for p in ("", "-bf16")]
+            + ["unfused", "natural", "natural-bf16", "tf32"])
     out = {}
     for v in filter(None, spec.split(",")):
-        if "-" in v:  # KERNEL-PRECISION
-            kernel, _, prec = v.partition("-")
-        else:  # a kernel in fp32, or a precision on the default kernel
-            kernel, prec = (v, "fp32") if v in triton_spmm.MODES else ("", v)
-        if prec not in ("fp32", "bf16") or (kernel and kernel not in triton_spmm.MODES):
-            raise SystemExit(f"bench_single: unknown variant {v!r} (fp32, bf16, "
-                             f"{', '.join(triton_spmm.MODES)}, or KERNEL-bf16)")
-        name = "gnnpar" + (f"_{kernel}" if kernel else "") + ("_bf16" if prec == "bf16" else "")
-        out[name] = (kernel or None, prec)
+        tokens = v.split("-")
+        unknown = [t for t in tokens if t not in TOKENS]
+        kernels = [t for t in tokens if t in triton_spmm.MODES]
+        precisions = [t for t in tokens if t in PRECISIONS]
+        if unknown or len(kernels) > 1 or len(precisions) > 1:
+            raise SystemExit(f"bench_single: unknown variant {v!r}: a dash-joined set of "
+                             f"{', '.join(TOKENS)} (one precision, one kernel)")
+        env = {triton_spmm.ENV: kernels[0]} if kernels else {}
+        if "unfused" in tokens:
+            env[triton_epilogue.ENV] = "torch"
+        precision = precisions[0] if precisions else "fp32"
+        name = "_".join(["gnnpar"] + [t for t in tokens if t != "fp32"])
+        out[name] = (env, precision, "natural" in tokens)
     return out
 
 
@@ -164,7 +184,7 @@ def measure(name, make_step, device, args):
         step = make_step()
         med, times = time_epochs(step, device, args.warmup, args.repeats)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else rss.bytes
-    print(f"  {name:<16} {med:8.3f} s/epoch  (runs: {', '.join(f'{t:.3f}' for t in times)})",
+    print(f"  {name:<22} {med:8.3f} s/epoch  (runs: {', '.join(f'{t:.3f}' for t in times)})",
           file=sys.stderr)
     return {"epoch_s": med, "peak_mem_bytes": int(peak)}
 
@@ -182,9 +202,12 @@ def main():
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device")
     p.add_argument("--skip", default="", help="comma list of variants to skip")
     p.add_argument("--variants", default="auto",
-                   help="gnnpar's variants: comma list of fp32, bf16, triton, cusparse, "
-                        "triton-bf16, cusparse-bf16 (auto: fp32,bf16 and on CUDA the other "
-                        "GPU kernel in both)")
+                   help="gnnpar's variants: comma list, each a dash-joined set of fp32|bf16, "
+                        "triton|cusparse, unfused, natural (module docstring; auto: fp32,bf16 "
+                        "and on CUDA the other GPU kernel in both, unfused, natural)")
+    p.add_argument("--reorder", default="auto", choices=("auto",) + ORDERS,
+                   help="vertex order of gnnpar's variants (auto: degree, as gnnpar-train "
+                        "for a single-process full-batch run); PyG gets the dataset's own")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -198,24 +221,30 @@ def main():
     y = torch.as_tensor(np.asarray(g.y, np.int64)).to(device)
     mask = torch.as_tensor(np.asarray(g.train_mask)).to(device)
     results = {}
+    order = "degree" if args.reorder == "auto" else args.reorder
+    t = time.perf_counter()
+    ordered = reorder(g, order)
+    if order != "none":
+        print(f"gnnpar's vertex order: {order} ({time.perf_counter() - t:.1f} s)",
+              file=sys.stderr)
 
-    for name, (kernel, precision) in gnnpar_variants(args.variants, device).items():
+    for name, (env, precision, natural) in gnnpar_variants(args.variants, device).items():
         if name in skip:
             continue
 
         def ours():
             torch.manual_seed(0)
             model = GNN("gcn", f_in, args.hidden, f_out, args.layers, args.dropout).to(device)
-            rt = SerialRuntime(g, "gcn", device)
+            rt = SerialRuntime(g if natural else ordered, "gcn", device)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
             count = float(rt.masks["train"].sum())
             return lambda: train_step(model, opt, rt, count, precision)
-        with gpu_kernel(kernel):
+        with environ(env):
             results[name] = measure(name, ours, device, args)
 
     src, dst = g.edges()
     if "pyg_adj_t" not in skip:
-        def pyg_adj(bf16=False):
+        def pyg_adj(precision="fp32"):
             torch.manual_seed(0)
             model = pyg_model(f_in, args.hidden, f_out, args.layers, args.dropout).to(device)
             n = g.num_nodes
@@ -225,15 +254,16 @@ def main():
                                             torch.ones(g.num_edges), (n, n),
                                             check_invariants=False).to(device)
             opt = torch.optim.Adam(model.parameters(), lr=0.01)
-            return pyg_step(model, x, adj_t, y, mask, opt, bf16)
+            return pyg_step(model, x, adj_t, y, mask, opt, precision)
         results["pyg_adj_t"] = measure("pyg_adj_t", pyg_adj, device, args)
-        if device.type == "cuda" and "pyg_adj_t_bf16" not in skip:
+        for precision in ("bf16", "tf32") if device.type == "cuda" else ():
+            name = f"pyg_adj_t_{precision}"
+            if name in skip:
+                continue
             try:
-                results["pyg_adj_t_bf16"] = measure(
-                    "pyg_adj_t_bf16", lambda: pyg_adj(bf16=True), device, args)
+                results[name] = measure(name, lambda: pyg_adj(precision), device, args)
             except Exception as e:  # noqa: BLE001 - PyG's path may refuse bf16: say so
-                print(f"  pyg_adj_t_bf16   failed: {type(e).__name__}: {e}"[:300],
-                      file=sys.stderr)
+                print(f"  {name:<22} failed: {type(e).__name__}: {e}"[:300], file=sys.stderr)
 
     if "pyg_edge_index" not in skip:
         def pyg_ei():
@@ -244,16 +274,16 @@ def main():
             return pyg_step(model, x, ei, y, mask, opt)
         results["pyg_edge_index"] = measure("pyg_edge_index", pyg_ei, device, args)
 
-    print(f"\n{'variant':<16} {'s/epoch':>9} {'peak MiB':>10} {'vs gnnpar':>10}")
+    print(f"\n{'variant':<22} {'s/epoch':>9} {'peak MiB':>10} {'vs gnnpar':>10}")
     base = results.get("gnnpar", {}).get("epoch_s")
     for name, r in results.items():
         ratio = f"{r['epoch_s'] / base:9.2f}x" if base else "-"
-        print(f"{name:<16} {r['epoch_s']:9.3f} {r['peak_mem_bytes'] / 2**20:10.1f} {ratio:>10}")
-    summary = {"dataset": args.dataset, "n": g.num_nodes, "m": g.num_edges,
+        print(f"{name:<22} {r['epoch_s']:9.3f} {r['peak_mem_bytes'] / 2**20:10.1f} {ratio:>10}")
+    summary = {"dataset": args.dataset, "n": g.num_nodes, "m": g.num_edges, "reorder": order,
                "layers": args.layers, "hidden": args.hidden, "threads": args.threads,
                "device": args.device, **{k: v for k, v in results.items()}}
     for mine in [k for k in results if k.startswith("gnnpar")]:
-        for other in ("pyg_adj_t", "pyg_adj_t_bf16", "pyg_edge_index"):
+        for other in ("pyg_adj_t", "pyg_adj_t_bf16", "pyg_adj_t_tf32", "pyg_edge_index"):
             if other in results:
                 summary[f"{mine}_over_{other}"] = (results[mine]["epoch_s"]
                                                   / results[other]["epoch_s"])

@@ -51,6 +51,22 @@ def test_serial_cuda_matches_cpu():
     np.testing.assert_allclose(curves[1], curves[0], rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_dropout_draws_the_same_masks_on_cuda_and_cpu(kind):
+    """With dropout on, a CUDA run (the fused Triton bias + ReLU + dropout pass,
+    kernels/triton_epilogue.py) follows the CPU run (the compiled pass): the same hash of the
+    same seeds, so the same masks and the same losses."""
+    pytest.importorskip("triton")
+    g = random_graph(n=300, f=8, classes=4, seed=2)
+    curves = []
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = GNN(kind, 8, 16, 4, layers=3, dropout=0.5).to(device)
+        curves.append([r["loss"] for r in fit(model, SerialRuntime(g, model.norm, device),
+                                               TrainConfig(epochs=6))])
+    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-4)
+
+
 def test_every_algorithm_nccl_world_1():
     check(spawn(_nccl_body, 1, backend="nccl", timeout_s=240))
 

@@ -30,7 +30,7 @@ from gnnpar.kernels.local import SparseOperator, csr_tensor
 from gnnpar.models import GNN, build_model
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.precision import autocast, compute_dtype, loss_logits
+from gnnpar.precision import autocast, compute_dtype, loss_logits, matmuls
 from gnnpar.serial import SerialRuntime
 from gnnpar.spawn import spawn
 from gnnpar.train import main as train_main
@@ -192,6 +192,7 @@ def test_fp32_training_is_the_plain_step_bit_for_bit():
 
 def test_precision_helpers():
     assert compute_dtype("fp32") == torch.float32 and compute_dtype("bf16") == torch.bfloat16
+    assert compute_dtype("tf32") == torch.float32
     x = torch.ones(2, 3)
     assert loss_logits(x) is x and loss_logits(x.bfloat16()).dtype == torch.float32
     with pytest.raises(ValueError):
@@ -300,3 +301,69 @@ def test_checkpoints_resume_only_in_their_precision(tmp_path):
     assert train_main([*base, "--epochs", "2", "--precision", "bf16"]) == 0
     assert train_main([*base, "--epochs", "3", "--precision", "fp32", "--resume"]) == 2
     assert train_main([*base, "--epochs", "3", "--precision", "bf16", "--resume"]) == 0
+
+
+# ---------------------------------------------------------------- tf32
+
+
+def test_tf32_allows_tf32_matmuls_for_the_step_only():
+    before = torch.get_float32_matmul_precision()
+    with matmuls("tf32"):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    for other in ("fp32", "bf16"):
+        with matmuls(other):
+            assert torch.get_float32_matmul_precision() == before
+    with pytest.raises(ValueError):
+        with matmuls("tf16"):
+            pass
+
+
+def test_tf32_step_runs_in_tf32_mode_and_leaves_it(monkeypatch):
+    """The trainer's step (forward and backward) sees "high"; nothing after it does."""
+    g = random_graph(n=60, f=6, classes=3, seed=4)
+    seen = []
+
+    class Spy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", torch.get_float32_matmul_precision()))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", torch.get_float32_matmul_precision()))
+            return grad
+
+    torch.manual_seed(0)
+    model = GNN("gcn", 6, 8, 3, layers=2, dropout=0.0)
+    inner = model.forward
+    monkeypatch.setattr(model, "forward", lambda ops, x: Spy.apply(inner(ops, x)))
+    rt = SerialRuntime(g, "gcn", torch.device("cpu"))
+    before = torch.get_float32_matmul_precision()
+    fit(model, rt, TrainConfig(epochs=1, precision="tf32"))
+    assert ("forward", "high") in seen and ("backward", "high") in seen
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_tf32_is_refused_on_the_cpu():
+    rc = train_main(["--dataset", "sbm:n=120,blocks=3,p_in=0.1,p_out=0.01,feat=8,seed=1",
+                     "--epochs", "1", "--precision", "tf32", "--quiet", "--device", "cpu"])
+    assert rc == 2
+
+
+def test_summed_cross_entropy_both_forms_agree():
+    """The CUDA form (log_softmax, gather, the mask on the terms) is the CPU form's sum."""
+    from gnnpar import loss as L
+    torch.manual_seed(0)
+    logits = torch.randn(40, 5, requires_grad=True)
+    y = torch.randint(0, 5, (40,))
+    mask = torch.rand(40) < 0.6
+    y_bad = torch.where(mask, y, -7)  # unselected labels are never used as indices
+    want = F.cross_entropy(logits[mask], y[mask], reduction="sum")
+    (g_want,) = torch.autograd.grad(want, logits)
+    assert torch.allclose(L.summed_cross_entropy(logits, y_bad, mask), want)
+    got = L.by_gather(logits, y_bad, mask)
+    (g_got,) = torch.autograd.grad(got, logits)
+    assert torch.allclose(got, want, rtol=1e-6) and torch.allclose(g_got, g_want, atol=1e-7)
+    assert torch.allclose(L.by_gather(logits, y), F.cross_entropy(logits, y, reduction="sum"))

@@ -44,11 +44,11 @@ import time
 from typing import Callable, Optional
 
 import torch
-from torch.nn import functional as F
 
 from gnnpar.interfaces import SPLITS, CommStats, Reducer
+from gnnpar.loss import summed_cross_entropy
 from gnnpar.memory import peak_memory_bytes
-from gnnpar.precision import autocast, loss_logits
+from gnnpar.precision import autocast, matmuls
 from gnnpar.trainer import TrainConfig, evaluate, make_optimizer, sync_device
 
 from .service import MacrobatchService, SamplingStats
@@ -96,10 +96,11 @@ def train_step(model, opt, engine, batch, global_count: int, precision: str = "f
                ) -> torch.Tensor:
     """One step on a ready minibatch; returns its summed loss (float64, on the device)."""
     opt.zero_grad(set_to_none=True)
-    with autocast(precision, batch.x.device):
-        out = model(engine.operators(batch), batch.x)
-    loss = F.cross_entropy(loss_logits(out), batch.y, reduction="sum")
-    (loss / max(global_count, 1)).backward()
+    with matmuls(precision):
+        with autocast(precision, batch.x.device):
+            out = model(engine.operators(batch), batch.x)
+        loss = summed_cross_entropy(out, batch.y)
+        (loss / max(global_count, 1)).backward()
     engine.sync_grads(model.parameters())
     opt.step()
     return loss.detach().to(torch.float64)

@@ -1,0 +1,107 @@
+"""The fused bias + ReLU + dropout pass (kernels/triton_epilogue.py) against the CPU pass
+(kernels/cpu_dropout.py) and torch's ops, on CPU tensors in Triton's interpreter
+(TRITON_INTERPRET=1, in a child process: the interpreter is chosen when a kernel is defined).
+Skipped where Triton is not installed."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from .cli_util import ROOT
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="Triton is not installed")
+
+CHECK = r'''
+import torch
+from gnnpar import dropout as D
+from gnnpar.kernels import cpu_dropout, triton_epilogue as te
+
+torch.manual_seed(0)
+for n, f in ((37, 13), (5, 4), (1, 1), (3, 1), (64, 256), (0, 8)):
+    z, b, g = torch.randn(n, f), torch.randn(f), torch.randn(n, f)
+    for seed in (1, 12345, 2 ** 62 - 7):
+        for units in (32768, 1, 65535):
+            scale = 65536 / (65536 - units)
+            v = z + b
+            # the same mask as the CPU pass, element for element; ReLU before it
+            want = cpu_dropout.masked_scale(v, v, seed, units, scale, True)
+            out = te.forward(z, b, seed, units, scale, True)
+            assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (n, f, seed, units)
+            keep = torch.from_numpy(cpu_dropout.keep_mask(n * f, seed, units)).view(n, f)
+            assert torch.equal(out != 0, keep & (v > 0))
+            dz = te.backward(g, out, seed, units, scale, True)
+            assert torch.equal(dz, cpu_dropout.masked_scale(g, want, seed, units, scale, True))
+            # no bias, no ReLU: plain dropout, and its backward from the seed alone
+            assert torch.equal(te.forward(z, None, seed, units, scale, False),
+                               cpu_dropout.masked_scale(z, z, seed, units, scale, False))
+            assert torch.equal(te.backward(g, None, seed, units, scale, False),
+                               cpu_dropout.masked_scale(g, g, seed, units, scale, False))
+            # bf16 in, bf16 out: summed in fp32 with the fp32 bias, rounded once (within a
+            # bf16 step: the interpreter's rounding need not be the GPU's)
+            ob = te.forward(z.bfloat16(), b, seed, units, scale, True)
+            assert ob.dtype == torch.bfloat16
+            vb = z.bfloat16().float() + b
+            assert torch.equal(ob != 0, keep & (vb > 0))
+            assert torch.allclose(ob.float(), torch.where(keep & (vb > 0), vb * scale, 0.0),
+                                  rtol=8e-3, atol=0)
+
+# through autograd (gnnpar.dropout's GPU path, forced onto CPU tensors here): the gradients
+# of z and of the bias are those of torch's ops under the same mask
+te.usable = lambda x: x.dtype in te.DTYPES
+for relu in (True, False):
+    z = torch.randn(50, 24, requires_grad=True)
+    b = torch.randn(24, requires_grad=True)
+    g = torch.randn(50, 24)
+    torch.manual_seed(3)
+    out = D.bias_relu_dropout(z, b, 0.25) if relu else D.dropout(z, 0.25)
+    out.backward(g)
+    zr, br = z.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    keep = (out != 0) if relu else (out != 0) | (z == 0)
+    ref = (torch.relu(zr + br) if relu else zr) * keep / 0.75
+    ref.backward(g)
+    assert torch.allclose(out, ref.detach(), rtol=1e-6, atol=1e-6)
+    assert torch.allclose(z.grad, zr.grad, rtol=1e-6, atol=1e-6)
+    if relu:
+        assert torch.allclose(b.grad, br.grad, rtol=1e-5, atol=1e-5)
+    # evaluation, or p = 0: no dropout at all
+    zz = torch.randn(6, 24)
+    assert torch.equal(D.bias_relu_dropout(zz, b.detach(), 0.25, training=False),
+                       torch.relu(zz + b.detach()))
+print("triton epilogue ok")
+'''
+
+
+def test_fused_epilogue_matches_the_cpu_pass_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0 and "triton epilogue ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_epilogue_mode_is_checked(monkeypatch):
+    from gnnpar.kernels import triton_epilogue
+    monkeypatch.setenv(triton_epilogue.ENV, "torch")
+    assert not triton_epilogue.usable(torch.zeros(2, device="meta"))
+    monkeypatch.setenv(triton_epilogue.ENV, "fast")
+    with pytest.raises(ValueError, match="GNNPAR_EPILOGUE_GPU"):
+        triton_epilogue.mode()
+
+
+def test_cpu_tensors_never_take_the_gpu_pass():
+    from gnnpar.kernels import triton_epilogue
+    assert not triton_epilogue.usable(torch.zeros(2, 2))
+
+
+def test_bias_relu_dropout_on_cpu_is_bias_then_relu_dropout():
+    """The CPU result of a hidden layer's end is what it was: the bias add, then the one
+    compiled ReLU + dropout pass, with the same seed draw."""
+    from gnnpar.dropout import add_bias, bias_relu_dropout, relu_dropout
+    z, b = torch.randn(30, 10), torch.randn(10)
+    torch.manual_seed(5)
+    a = bias_relu_dropout(z, b, 0.5)
+    torch.manual_seed(5)
+    assert torch.equal(a, relu_dropout(add_bias(z, b), 0.5))
