@@ -252,7 +252,19 @@ def free_port(host: str = "") -> int:
         return int(s.getsockname()[1])
 
 
+#: this process's MPI world, by the MASTER_ADDR/MASTER_PORT it was found with: MPI's numbering
+#: never changes in a process, and a second detection must not open a second rendezvous
+_MPI_WORLDS: dict = {}
+
+
 def _from_mpi(env) -> WorldInfo:
+    key = (env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
+    if key not in _MPI_WORLDS:
+        _MPI_WORLDS[key] = _find_mpi_world(env)
+    return _MPI_WORLDS[key]
+
+
+def _find_mpi_world(env) -> WorldInfo:
     try:
         from mpi4py import MPI
     except ImportError:

@@ -64,45 +64,44 @@ class _Dropout(torch.autograd.Function):
         return grad * mask, None
 
 
-class _CompiledDropout(torch.autograd.Function):
-    """One compiled pass each way (module docstring); ``relu`` applies ReLU first."""
+class _HashDropout(torch.autograd.Function):
+    """One pass each way (module docstring) by ``kernel`` — :class:`_CPUPass` or
+    :mod:`gnnpar.kernels.triton_epilogue`: the bias add (unless None), ReLU (with ``relu``),
+    dropout; the backward recomputes the mask from the seed."""
 
     @staticmethod
-    def forward(ctx, x, p, relu):
+    def forward(ctx, z, bias, p, relu, kernel):
         ctx.seed = _seed()
-        ctx.units, ctx.relu = _units(p), relu
-        out = cpu_dropout.masked_scale(x, x, ctx.seed, *ctx.units, relu)
-        ctx.save_for_backward(out if relu else x.new_empty(0))
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        cond = out if ctx.relu else grad
-        return cpu_dropout.masked_scale(grad, cond, ctx.seed, *ctx.units, ctx.relu), None, None
-
-
-class _GPUFused(torch.autograd.Function):
-    """One Triton pass each way: bias add (unless None), ReLU (with ``relu``), dropout."""
-
-    @staticmethod
-    def forward(ctx, z, bias, p, relu):
-        ctx.seed = _seed()
-        ctx.units, ctx.relu = _units(p), relu
+        ctx.units, ctx.relu, ctx.kernel = _units(p), relu, kernel
         ctx.bias_dtype = None if bias is None else bias.dtype
-        out = triton_epilogue.forward(z, bias, ctx.seed, *ctx.units, relu)
+        out = kernel.forward(z, bias, ctx.seed, *ctx.units, relu)
         ctx.save_for_backward(out if relu else z.new_empty(0))
         return out
 
     @staticmethod
     def backward(ctx, grad):
         (out,) = ctx.saved_tensors
-        dz = triton_epilogue.backward(grad, out if ctx.relu else None, ctx.seed, *ctx.units,
-                                      ctx.relu)
+        dz = ctx.kernel.backward(grad, out if ctx.relu else None, ctx.seed, *ctx.units,
+                                 ctx.relu)
         db = None
         if ctx.needs_input_grad[1]:  # the bias's gradient: dz summed over the rows, in fp32
             db = dz.reshape(-1, dz.shape[-1]).sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return dz, db, None, None
+        return dz, db, None, None, None
+
+
+class _CPUPass:
+    """:mod:`gnnpar.kernels.cpu_dropout`'s pass in the triton_epilogue call shape (no bias:
+    on CPUs a layer adds its own)."""
+
+    @staticmethod
+    def forward(z, bias, seed, drop_units, scale, relu):
+        assert bias is None
+        return cpu_dropout.masked_scale(z, z, seed, drop_units, scale, relu)
+
+    @staticmethod
+    def backward(grad, out, seed, drop_units, scale, relu):
+        return cpu_dropout.masked_scale(grad, grad if out is None else out, seed, drop_units,
+                                        scale, relu)
 
 
 def add_bias(z: torch.Tensor, bias) -> torch.Tensor:
@@ -121,11 +120,11 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     _check(p)
     if triton_epilogue.usable(x):
-        return _GPUFused.apply(x, None, p, False)
+        return _HashDropout.apply(x, None, p, False, triton_epilogue)
     if x.device.type != "cpu":  # no Triton, or switched off: torch's fused CUDA kernel
         return F.dropout(x, p, True)
     if cpu_dropout.usable(x):
-        return _CompiledDropout.apply(x, p, False)
+        return _HashDropout.apply(x, None, p, False, _CPUPass)
     if not x.requires_grad:
         return x * _scaled_mask(x, p)
     return _Dropout.apply(x, p)
@@ -137,10 +136,17 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
         return F.relu(x)
     _check(p)
     if triton_epilogue.usable(x):
-        return _GPUFused.apply(x, None, p, True)
+        return _HashDropout.apply(x, None, p, True, triton_epilogue)
     if cpu_dropout.usable(x):
-        return _CompiledDropout.apply(x, p, True)
+        return _HashDropout.apply(x, None, p, True, _CPUPass)
     return dropout(F.relu(x), p, training)
+
+
+def fuses_bias(x: torch.Tensor, p: float, training: bool = True) -> bool:
+    """Whether :func:`bias_relu_dropout` does the bias add in its one GPU pass for activations
+    like ``x`` (training with dropout, on CUDA with Triton): then a layer may hand its bias
+    over. Elsewhere a layer adds its own, and CPU results stay what they always were."""
+    return training and p != 0.0 and triton_epilogue.usable(x)
 
 
 def bias_relu_dropout(z: torch.Tensor, bias, p: float, training: bool = True) -> torch.Tensor:
@@ -149,5 +155,5 @@ def bias_relu_dropout(z: torch.Tensor, bias, p: float, training: bool = True) ->
     if training and p != 0.0:
         _check(p)
         if triton_epilogue.usable(z):
-            return _GPUFused.apply(z, bias, p, True)
+            return _HashDropout.apply(z, bias, p, True, triton_epilogue)
     return relu_dropout(add_bias(z, bias), p, training)

@@ -35,8 +35,9 @@ from typing import Sequence, Union
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from .dropout import add_bias, bias_relu_dropout, dropout, relu_dropout
+from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
 
 
 class GCNLayer(nn.Module):
@@ -79,6 +80,19 @@ class SAGELayer(nn.Module):
         self.lin_neigh = nn.Linear(f_in, f_out, bias=bias)
         self.lin_root = nn.Linear(f_in, f_out, bias=False)
 
+    @property
+    def bias(self):
+        return self.lin_neigh.bias
+
+    def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
+        """Z without the bias (see :meth:`GCNLayer.unbiased`)."""
+        w = self.lin_neigh.weight
+        if self.lin_neigh.in_features <= self.lin_neigh.out_features:
+            neigh = F.linear(op(h), w)
+        else:
+            neigh = op(h @ w.t())
+        return neigh + self.lin_root(h[:op.num_dst])
+
     def forward(self, op, h: torch.Tensor) -> torch.Tensor:
         h_dst = h[:op.num_dst]
         if self.lin_neigh.in_features <= self.lin_neigh.out_features:
@@ -94,8 +108,9 @@ Ops = Union[object, Sequence[object]]
 
 
 class GNN(nn.Module):
-    """A stack of layers with ReLU and dropout between them (for a layer with ``unbiased`` and
-    ``bias``, the bias add joins them: one pass on a GPU).
+    """A stack of layers with ReLU and dropout between them (where one GPU pass can do it, the
+    bias add of a layer with ``unbiased`` and ``bias`` joins them:
+    :func:`gnnpar.dropout.fuses_bias`; elsewhere each layer adds its own bias, as always).
 
     ``forward(ops, x)``: ``ops`` is one operator used by every layer (full batch) or a list with
     one operator per layer (mini-batch blocks, outermost first).
@@ -123,7 +138,8 @@ class GNN(nn.Module):
             op = ops[i] if per_layer else ops
             if i == last:
                 h = layer(op, h)
-            elif hasattr(layer, "unbiased"):  # bias, ReLU, the next layer's input dropout
+            elif hasattr(layer, "unbiased") and fuses_bias(h, self.dropout, self.training):
+                # the bias add, ReLU and the next layer's input dropout in one GPU pass
                 h = bias_relu_dropout(layer.unbiased(op, h), layer.bias, self.dropout,
                                       self.training)
             else:  # ReLU, then the next layer's input dropout: one pass on CPUs

@@ -6,6 +6,8 @@ import functools
 import math
 import os
 
+import torch
+
 from gnnpar.datasets import DEFAULT_SPEC, InputError, parse_spec
 from gnnpar.datasets.limits import check_memory
 from gnnpar.datasets.owned import check_writable_folder
@@ -13,6 +15,7 @@ from gnnpar.datasets.reorder import ORDERS
 from gnnpar.kernels.algorithms import ALGORITHMS
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
 from gnnpar.kernels.entry import LAYOUT_FLAGS
+from gnnpar.precision import PRECISIONS
 
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .resume import check_checkpoint_args
@@ -81,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto = cuda when available")
-    t.add_argument("--precision", choices=("fp32", "bf16", "tf32"), default="fp32",
+    t.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="bf16: dense layers under autocast and bf16 features into the SpMM "
                         "(fp32 accumulation, fp32 master weights); tf32 (CUDA): fp32, but the "
                         "dense layers' matrix products on TF32 tensor cores; default fp32")
@@ -154,11 +157,6 @@ def check_algo_flags(args) -> None:
 RANK_PROCESS_BYTES = 150 * 2 ** 20
 
 
-def _cuda_available() -> bool:
-    import torch  # the options module itself stays light (``--help``)
-    return torch.cuda.is_available()
-
-
 def check_args(args) -> None:
     """Refuse values that cannot work, and flags the run would ignore, with the flag's name in
     the message; output paths are checked here too, before any work."""
@@ -178,7 +176,7 @@ def check_args(args) -> None:
     if args.nprocs is not None and args.nprocs < 1:
         raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
     if args.precision == "tf32" and (args.device == "cpu" or args.device == "auto"
-                                     and not _cuda_available()):
+                                     and not torch.cuda.is_available()):
         raise InputError("--precision tf32 is a mode of CUDA's matrix products; this run is "
                          "on the CPU (use fp32 or bf16)")
     check_algo_flags(args)

@@ -18,8 +18,8 @@ an fp32 run). ``bf16`` is mixed precision:
 layers, forward and backward — may run on TF32 tensor cores (10-bit mantissas in, fp32
 sums: :func:`torch.set_float32_matmul_precision` ``"high"``, for the step only). The SpMMs and
 everything else stay fp32. Measured on an H200 (``scripts/bench_single.py --device cuda`` at
-``rmat:scale=20,ef=16``, 3-layer GCN, hidden 256): an epoch takes 28.1 ms against 37.4 ms in
-fp32; a 2²⁰ × 256 by 256 × 256 product there had a relative error of 3e-4 in TF32 against
+``rmat:scale=20,ef=16``, 3-layer GCN, hidden 256): an epoch takes 26.8 ms against 36.3 ms in
+fp32 (the dense products are 12.8 ms of the fp32 epoch: ``scripts/profile_epoch.py``); a 2²⁰ × 256 by 256 × 256 product there had a relative error of 3e-4 in TF32 against
 3e-7 in fp32 (one-off check against float64).
 
 The trainers (:mod:`gnnpar.trainer`, :mod:`gnnpar.sampling.loop`) run each step (forward and

@@ -4,8 +4,9 @@ A hidden GCN layer ends with ``dropout(relu(z + b))``. As torch ops on CUDA that
 kernels forward (bias add, ReLU, dropout with a stored bool mask) and four backward (mask
 multiply, ReLU's, the bias's row sum, and the sum of the two paths), each a full pass over an
 (n, f) tensor. Measured on an H200 (``scripts/bench_single.py --device cuda`` at
-``rmat:scale=20,ef=16``, 3-layer GCN, hidden 256, fp32): an epoch takes 37.4 ms with this pass
-and 41.4 ms with torch's ops (variant ``unfused``), and peaks at 7.5 GiB instead of 9.8.
+``rmat:scale=20,ef=16``, 3-layer GCN, hidden 256, fp32): an epoch takes 36.3 ms with this pass
+and 40.0 ms with torch's ops (variant ``unfused``), and peaks at 7.5 GiB instead of 9.8; the
+pass itself takes 2.8 ms of the epoch (``scripts/profile_epoch.py --device cuda``).
 
 Here the forward is one pass (``z`` and the bias in, the activation out) and the backward one
 pass (the gradient and the forward's output in, ``dz`` out; the bias's gradient is the row sum

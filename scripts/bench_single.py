@@ -51,7 +51,7 @@ from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.reorder import ORDERS, reorder  # noqa: E402
 from gnnpar.kernels import triton_epilogue, triton_spmm  # noqa: E402
 from gnnpar.models import GNN  # noqa: E402
-from gnnpar.precision import matmuls  # noqa: E402
+from gnnpar.precision import PRECISIONS, matmuls  # noqa: E402
 from gnnpar.serial import SerialRuntime  # noqa: E402
 from gnnpar.trainer import train_step  # noqa: E402
 
@@ -146,7 +146,6 @@ def environ(settings):
                 os.environ[k] = v
 
 
-PRECISIONS = ("fp32", "bf16", "tf32")
 TOKENS = PRECISIONS + ("unfused", "natural") + triton_spmm.MODES
 
 

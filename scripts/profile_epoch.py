@@ -35,7 +35,7 @@ from gnnpar.trainer import train_step  # noqa: E402
 #: kind of a kernel or op, by the first pattern its name matches
 KINDS = (("spmm", r"csrmm|cusparse|_row_split|LocalSpMM|addmm_out_sparse|sparse"),
          ("gemm", r"gemm|sgemm|xmma|cutlass|^aten::mm$|^aten::addmm$|matmul"),
-         ("epilogue", r"_masked_scale|dropout|Dropout|_GPUFused|threshold|relu|masked_scale"),
+         ("epilogue", r"_masked_scale|dropout|Dropout|threshold|relu|masked_scale"),
          ("reduce", r"reduce_kernel|^aten::sum$"))
 
 

@@ -11,3 +11,12 @@ def run_train(*argv, timeout=300, cwd=None):
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-m", "gnnpar.train", *argv], cwd=cwd or ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_interpreted(script: str, done: str, timeout=600) -> None:
+    """Run ``script`` in a child Python under Triton's interpreter (``TRITON_INTERPRET=1``:
+    chosen when a kernel is defined, so a fresh process) and assert it printed ``done``."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=timeout, cwd=ROOT)
+    assert res.returncode == 0 and done in res.stdout, res.stderr[-3000:]

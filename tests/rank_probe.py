@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gnnpar import bootstrap  # noqa: E402
 from gnnpar.bootstrap import detect_world, init_distributed, shutdown  # noqa: E402
 
 
@@ -46,6 +47,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     info = detect_world()
+    again = detect_world()  # as gnnpar's launch does: the same world, no second rendezvous
+    stores = len(bootstrap._MPI_STORES)  # mpirun: rendezvous stores open before joining
     ctx = init_distributed(info, "auto", timeout=args.timeout)
     try:
         import torch.distributed as dist
@@ -73,7 +76,8 @@ def main() -> int:
         rec = {"source": info.source, "rank": rank, "world_size": world,
                "local_rank": info.local_rank, "master": f"{info.master_addr}:{info.master_port}",
                "backend": ctx.backend, "host": socket.gethostname(), "pid": os.getpid(),
-               "all_reduce": float(total[0]),
+               "all_reduce": float(total[0]), "detected_again": again == info,
+               "mpi_stores": stores,
                "z_err": float(np.abs(z_r.detach().numpy() - z_ref).max()),
                "dh_err": float(np.abs(h_r.grad.numpy() - dh_ref).max()),
                "z": z_r.detach().tolist(), "dh": h_r.grad.tolist()}

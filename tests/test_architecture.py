@@ -69,7 +69,7 @@ def test_a_ranks_failure_arrives_typed_with_its_own_message(exc, kind, code):
     with pytest.raises(SpawnError) as info:
         spawn(_fail_with, 2, args=(exc,), timeout_s=60)
     f = info.value.failure
-    assert (info.value.rank, f.kind, f.exit_code) == (1, kind, code)
+    assert (info.value.rank, f.kind, f.exit_code) == (1, kind, code), (f.message, f.detail)
     assert f.message == str(exc)  # the message as raised, never cut at a ": "
     assert info.value.headline.startswith(f"rank 1 failed: {type(exc).__name__}")
 

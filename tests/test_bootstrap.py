@@ -264,6 +264,8 @@ def test_mpirun_two_ranks(tmp_path):
     check_probe(recs, "mpi", 2)
     assert [r["local_rank"] for r in recs] == [0, 1]
     assert len({r["master"] for r in recs}) == 1
+    # a second detection (launch detects twice) gives the same world through the same store
+    assert all(r["detected_again"] and r["mpi_stores"] == 1 for r in recs), recs
 
 
 def test_torchrun_two_ranks(tmp_path):

@@ -2,13 +2,10 @@
 Triton's interpreter (TRITON_INTERPRET=1, in a child process: the interpreter is chosen when
 the kernel is defined). Skipped where Triton is not installed."""
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 
-from .cli_util import ROOT
+from .cli_util import run_interpreted
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="Triton is not installed")
@@ -68,10 +65,7 @@ print("triton kernel ok")
 
 
 def test_triton_kernel_matches_torch_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    res = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=ROOT)
-    assert res.returncode == 0 and "triton kernel ok" in res.stdout, res.stderr[-3000:]
+    run_interpreted(CHECK, "triton kernel ok")
 
 
 def test_cpu_products_never_take_the_triton_path(monkeypatch):
