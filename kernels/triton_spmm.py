@@ -2,7 +2,8 @@
 
 ``Z = A · H``; program (p, t) computes ``ROWS`` rows of Z, one after another, for the feature
 columns ``[t·BLOCK_F, (t+1)·BLOCK_F)``, walking each row ``BLOCK_E`` entries a step (a
-``BLOCK_E × BLOCK_F`` gather of the H rows the entries name, summed over the entries). H is
+``BLOCK_E × BLOCK_F`` gather of the H rows the entries name, summed over the entries each step,
+or — a tile's ``defer`` — added into a ``BLOCK_E × BLOCK_F`` accumulator summed once per row). H is
 read at its own width (fp32, bf16 or fp16: bf16 features halve the gather traffic), the terms
 are multiplied by the entry values and summed in fp32, and each row is stored once in H's
 dtype. Each output row is written by exactly one program: no atomics, no partial outputs, and
@@ -20,11 +21,11 @@ at its best tile is 1.6–2.3× slower than cuSPARSE (width 256 fp32: 12.6–12.
 across threads) was tried and removed: 6–10× slower than cuSPARSE at width 256 where it
 compiled, and Triton 3.6 failed to compile half of its tiles.
 
-The tile shape (``BLOCK_F``, ``BLOCK_E``, ``ROWS``, warps) is tuned: the first product of
+The tile shape (``BLOCK_F``, ``BLOCK_E``, ``ROWS``, warps, ``defer``) is tuned: the first product of
 each (GPU, dtype, width class) times every :data:`CANDIDATES` tile on its own operands and
 keeps the fastest for the rest of the process (:func:`tuned`; about a second per class, the
 compiled tiles are cached on disk by Triton; a tile this Triton fails to compile is skipped
-with a warning). ``GNNPAR_TRITON_CONFIG=BF,BE,R,W`` fixes the
+with a warning). ``GNNPAR_TRITON_CONFIG=BF,BE,R,W[,DEFER]`` fixes the
 tile, and so does :func:`torch.use_deterministic_algorithms` (to :func:`config_for`'s): tiles
 may sum a row's terms in different orders, so a tile chosen by timing can differ in the last
 bits from one process to the next. ``scripts/bench_spmm.py --device cuda --sweep`` prints
@@ -58,17 +59,21 @@ MODES = ("triton", "cusparse")
 
 class Config(NamedTuple):
     """A launch's tile: feature columns per program, entries per step of a row, rows per
-    program, warps per program."""
+    program, warps per program, and ``defer``: 1 keeps a ``BLOCK_E × BLOCK_F`` accumulator and
+    sums it across the entries once a row is done, 0 sums each step's products at once."""
     block_f: int
     block_e: int
     rows: int
     warps: int
+    defer: int = 0
 
 
 #: the tiles ``bench_spmm.py --sweep`` times and :func:`tuned` picks from (block_f is capped at
-#: the width's power of two): the fastest on an H200 at widths 64–512
+#: the width's power of two): the fastest on an H200 at widths 64–512, then deferred-sum tiles
+#: (not timed on a GPU yet: the per-step sum across threads is what made more warps slower)
 CANDIDATES = tuple(Config(*c) for c in (
-    (64, 16, 1, 2), (64, 32, 1, 4), (128, 32, 1, 4), (256, 16, 1, 8)))
+    (64, 16, 1, 2), (64, 32, 1, 4), (128, 32, 1, 4), (256, 16, 1, 8),
+    (64, 16, 1, 2, 1), (64, 32, 1, 4, 1), (128, 16, 1, 4, 1), (256, 8, 1, 4, 1)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,11 +116,12 @@ def fixed_config() -> Config:
     try:
         c = Config(*(int(x) for x in env.split(",")))
     except (TypeError, ValueError):
-        raise ValueError(f"{CONFIG_ENV} must be BLOCK_F,BLOCK_E,ROWS,WARPS, got {env!r}")
-    if (min(c.block_f, c.block_e, c.rows, c.warps) < 1
+        raise ValueError(f"{CONFIG_ENV} must be BLOCK_F,BLOCK_E,ROWS,WARPS[,DEFER], got "
+                         f"{env!r}")
+    if (min(c.block_f, c.block_e, c.rows, c.warps) < 1 or c.defer not in (0, 1)
             or any(x & (x - 1) for x in (c.block_f, c.block_e, c.warps))):
         raise ValueError(f"{CONFIG_ENV}: BLOCK_F, BLOCK_E and WARPS powers of two, ROWS at "
-                         f"least 1, got {env!r}")
+                         f"least 1, DEFER 0 or 1, got {env!r}")
     return c
 
 
@@ -203,8 +209,8 @@ def _kernel():
 
     @triton.jit
     def _row_split(indptr, indices, values, order, h, out, n_rows, f, stride_h, stride_out,
-                   BLOCK_F: tl.constexpr, BLOCK_E: tl.constexpr,
-                   ROWS: tl.constexpr):  # pragma: no cover
+                   BLOCK_F: tl.constexpr, BLOCK_E: tl.constexpr, ROWS: tl.constexpr,
+                   DEFER: tl.constexpr):  # pragma: no cover
         cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fmask = cols < f
         for r in range(ROWS):
@@ -214,6 +220,7 @@ def _kernel():
                 start = tl.load(indptr + row).to(tl.int64)
                 end = tl.load(indptr + row + 1).to(tl.int64)
                 acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+                terms = tl.zeros([BLOCK_E, BLOCK_F], dtype=tl.float32)
                 for e0 in range(start, end, BLOCK_E):
                     e = e0 + tl.arange(0, BLOCK_E)
                     emask = e < end
@@ -221,7 +228,12 @@ def _kernel():
                     v = tl.load(values + e, mask=emask, other=0.0).to(tl.float32)
                     hv = tl.load(h + c[:, None] * stride_h + cols[None, :],
                                  mask=emask[:, None] & fmask[None, :], other=0.0)
-                    acc += tl.sum(v[:, None] * hv.to(tl.float32), axis=0)
+                    if DEFER:  # summed across the entries once, after the row
+                        terms += v[:, None] * hv.to(tl.float32)
+                    else:
+                        acc += tl.sum(v[:, None] * hv.to(tl.float32), axis=0)
+                if DEFER:
+                    acc = tl.sum(terms, axis=0)
                 tl.store(out + row * stride_out + cols, acc.to(out.dtype.element_ty),
                          mask=fmask)
 
@@ -250,4 +262,4 @@ def _launch(A, h, out, c: Config, order) -> None:
             h.stride(0), out.stride(0))
     grid = (cdiv(n_dst, c.rows), cdiv(f, c.block_f))
     row_split[grid](*args, BLOCK_F=c.block_f, BLOCK_E=c.block_e, ROWS=c.rows,
-                    num_warps=c.warps)
+                    DEFER=bool(c.defer), num_warps=c.warps)

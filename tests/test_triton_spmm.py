@@ -19,7 +19,8 @@ from gnnpar.kernels.local import csr_tensor, transpose_csr
 
 CONFIGS = [triton_spmm.Config(32, 16, 4, 2), triton_spmm.Config(16, 16, 3, 1)]  # config_for's step
 # a shorter step: the same sums in another order
-OTHER_ORDER = [triton_spmm.Config(64, 8, 4, 2), triton_spmm.Config(32, 32, 1, 1)]
+OTHER_ORDER = [triton_spmm.Config(64, 8, 4, 2), triton_spmm.Config(32, 32, 1, 1),
+               triton_spmm.Config(64, 16, 1, 2, 1), triton_spmm.Config(16, 4, 3, 1, 1)]
 
 def cases():
     g = torch.Generator().manual_seed(0)
@@ -56,6 +57,8 @@ for dense in cases():
             for c in OTHER_ORDER:
                 mine = triton_spmm.csr_mm(M, h, config=c)
                 assert torch.allclose(mine, D @ h, atol=1e-5, rtol=1e-5), c
+            gb = triton_spmm.csr_mm(M, hb, config=OTHER_ORDER[2])  # bf16, summed once a row
+            assert torch.allclose(gb.float(), D @ hb.float(), atol=2e-2, rtol=2e-2)
             assert torch.equal(triton_spmm.csr_mm(M, h, order=ident), got)
 # the longest row comes first; ties keep their order
 A = torch.tensor([[1., 0, 0], [1, 1, 1], [0, 1, 0], [1, 1, 0]]).to_sparse_csr()
@@ -82,8 +85,10 @@ def test_a_fixed_tile_is_checked(monkeypatch):
     assert triton_spmm.config_for(40, None) == triton_spmm.Config(64, 32, 2, 4)  # capped
     monkeypatch.setenv(triton_spmm.CONFIG_ENV, "64,16,3,2")  # 3 rows one after another
     assert triton_spmm.config_for(64, None) == triton_spmm.Config(64, 16, 3, 2)
+    monkeypatch.setenv(triton_spmm.CONFIG_ENV, "64,16,1,2,1")  # summed once per row
+    assert triton_spmm.config_for(64, None) == triton_spmm.Config(64, 16, 1, 2, 1)
     for bad in ("64,0,4,4", "64,12,1,4", "64,16,0,4", "64,16,1", "a,b,c,d", "64,-1,1,4",
-                "48,16,1,4", "64,16,1,3"):
+                "48,16,1,4", "64,16,1,3", "64,16,1,2,2", "64,16,1,2,1,1"):
         monkeypatch.setenv(triton_spmm.CONFIG_ENV, bad)
         with pytest.raises(ValueError, match="GNNPAR_TRITON_CONFIG"):
             triton_spmm.config_for(64, None)
