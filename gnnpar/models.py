@@ -16,6 +16,10 @@ features. The float32 biases are cast to the activations' dtype where they are a
 (:func:`gnnpar.dropout.add_bias`), so the activations stay bf16 from layer to layer instead of being promoted
 back to float32 by an fp32 + bf16 sum; in an fp32 run that cast is the identity.
 
+A layer may also offer ``unbiased(op, h)`` (its output without the bias) and ``bias``: where
+the next ReLU + dropout run as one GPU pass, :class:`GNN` hands the bias over to that pass
+(:func:`gnnpar.dropout.fuses_bias`); elsewhere it calls the layer as usual. GCN and SAGE do.
+
 Which Â a model wants is its ``norm`` attribute (``"gcn"``, ``"mean"`` or ``"sum"``; see
 ``gnnpar.datasets.normalize``).
 
