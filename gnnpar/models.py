@@ -13,8 +13,8 @@ passes one sampled block per layer. The same model code runs on all of them unch
 Under ``--precision bf16`` (:mod:`gnnpar.precision`) the forward pass runs in
 :func:`torch.autocast`: the linear layers compute in bf16 and the operators take bf16
 features. The float32 biases are cast to the activations' dtype where they are added
-(:func:`gnnpar.dropout.add_bias`), so the activations stay bf16 from layer to layer instead of being promoted
-back to float32 by an fp32 + bf16 sum; in an fp32 run that cast is the identity.
+(:func:`gnnpar.dropout.add_bias`), so the activations stay bf16 from layer to layer instead of
+being promoted back to float32 by an fp32 + bf16 sum; in an fp32 run that cast is the identity.
 
 A layer may also offer ``unbiased(op, h)`` (its output without the bias) and ``bias``: where
 the next ReLU + dropout run as one GPU pass, :class:`GNN` hands the bias over to that pass
@@ -60,8 +60,8 @@ class GCNLayer(nn.Module):
         self.bias = nn.Parameter(torch.zeros(f_out)) if bias else None
 
     def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
-        """Â·H·W without the bias: :class:`GNN` adds it in the same pass as the ReLU and
-        dropout that follow (:func:`gnnpar.dropout.bias_relu_dropout`)."""
+        """Â·H·W without the bias: on a GPU :class:`GNN` adds it in the same pass as the ReLU
+        and dropout that follow (:func:`gnnpar.dropout.bias_relu_dropout`)."""
         if self.lin.in_features <= self.lin.out_features:
             return self.lin(op(h))
         return op(self.lin(h))

@@ -10,11 +10,12 @@ pass itself takes 2.8 ms of the epoch (``scripts/profile_epoch.py --device cuda`
 
 Here the forward is one pass (``z`` and the bias in, the activation out) and the backward one
 pass (the gradient and the forward's output in, ``dz`` out; the bias's gradient is the row sum
-of ``dz``) — one kernel, :func:`_kernel`'s, serves both, as the CPU pass does. No mask is stored: element i is kept when a 16-bit lane of a hash of
-(seed, i // 4) is at least the drop threshold — the same hash, lanes and threshold as the CPU
-pass (:mod:`gnnpar.kernels.cpu_dropout`), so a seed gives the same mask on either device —
-and the backward recomputes it from the seed. With ReLU, an element passes the gradient where
-it was kept and the forward's output is positive (exactly where ReLU passed and dropout kept).
+of ``dz``) — one kernel, :func:`_kernel`'s, serves both, as the CPU pass does. No mask is
+stored: element i is kept when a 16-bit lane of a hash of (seed, i // 4) is at least the drop
+threshold — the same hash, lanes and threshold as the CPU pass
+(:mod:`gnnpar.kernels.cpu_dropout`), so a seed gives the same mask on either device — and the
+backward recomputes it from the seed. With ReLU, an element passes the gradient where it was
+kept and the forward's output is positive (exactly where ReLU passed and dropout kept).
 
 Sums and products are in float32; ``z`` may be float32, bf16 or fp16 and the output has its
 dtype (the bias is float32, added before rounding). Used by :mod:`gnnpar.dropout` for CUDA

@@ -1,13 +1,13 @@
 """CSR × dense on GPUs: a Triton row-split kernel with fp32 accumulation.
 
 ``Z = A · H``; program (p, t) computes ``ROWS`` rows of Z, one after another, for the feature
-columns ``[t·BLOCK_F, (t+1)·BLOCK_F)``, walking each row ``BLOCK_E`` entries a step (a
-``BLOCK_E × BLOCK_F`` gather of the H rows the entries name, summed over the entries each step,
-or — a tile's ``defer`` — added into a ``BLOCK_E × BLOCK_F`` accumulator summed once per row). H is
+columns ``[t·BLOCK_F, (t+1)·BLOCK_F)``, walking each row ``BLOCK_E`` entries a step (a ``BLOCK_E
+× BLOCK_F`` gather of the H rows the entries name, summed over the entries each step, or — a
+tile's ``defer`` — added into a ``BLOCK_E × BLOCK_F`` accumulator summed once per row). H is
 read at its own width (fp32, bf16 or fp16: bf16 features halve the gather traffic), the terms
-are multiplied by the entry values and summed in fp32, and each row is stored once in H's
-dtype. Each output row is written by exactly one program: no atomics, no partial outputs, and
-the same sums in the same order on every run of a tile.
+are multiplied by the entry values and summed in fp32, and each row is stored once in H's dtype.
+Each output row is written by exactly one program: no atomics, no partial outputs, and the same
+sums in the same order on every run of a tile.
 
 Rows are visited longest first (:func:`row_order`, computed once per matrix and kept): on
 power-law graphs a hub row of 10⁴–10⁵ entries is one program's serial loop, and started last

@@ -14,11 +14,11 @@ median of ``--repeats`` epochs after ``--warmup`` epochs. Variants:
   order, hubs first, as for any single-process full-batch run);
 - ``--variants`` names more, each a dash-joined set of: ``fp32``/``bf16``/``tf32``
   (``--precision bf16``: bf16 dense layers and SpMM features, fp32 sums and master weights;
-  ``tf32``: fp32 with the dense layers' products on TF32 tensor cores; ``gnnpar/precision.py``), ``triton``/``cusparse`` (the GPU SpMM kernel, by
-  ``GNNPAR_SPMM_GPU``), ``unfused`` (torch's bias, ReLU and dropout ops:
-  ``GNNPAR_EPILOGUE_GPU=torch``), ``natural`` (the dataset's own vertex order, as PyG gets
-  it). ``auto``: fp32 and bf16, and on CUDA also the other GPU kernel, ``unfused``,
-  ``natural`` and ``tf32``;
+  ``tf32``: fp32 with the dense layers' products on TF32 tensor cores; ``gnnpar/precision.py``),
+  ``triton``/``cusparse`` (the GPU SpMM kernel, by ``GNNPAR_SPMM_GPU``), ``unfused`` (torch's
+  bias, ReLU and dropout ops: ``GNNPAR_EPILOGUE_GPU=torch``), ``natural`` (the dataset's own
+  vertex order, as PyG gets it). ``auto``: fp32 and bf16, and on CUDA also the other GPU kernel,
+  ``unfused``, ``natural`` and ``tf32``;
 - ``pyg_adj_t``    — PyG ``GCNConv(cached=True)`` on a torch sparse CSR ``adj_t``, on the
   dataset's own order;
 - ``pyg_adj_t_bf16`` — the same under ``torch.autocast(bfloat16)`` (CUDA; reported as failed
