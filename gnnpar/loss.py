@@ -25,12 +25,11 @@ def summed_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask=None) -> to
     where ``mask`` (bool, (n,)) is set, or over every row. On CUDA the mask is applied to the
     per-row terms (no boolean indexing: no host sync, no gather of the selected rows); the
     labels of unselected rows are never read as indices."""
-    logits = loss_logits(logits)
     if logits.device.type != "cuda":
-        if mask is not None:
+        if mask is not None:  # the selected rows first, so only they are widened to fp32
             logits, y = logits[mask], y[mask]
-        return F.cross_entropy(logits, y, reduction="sum")
-    return by_gather(logits, y, mask)
+        return F.cross_entropy(loss_logits(logits), y, reduction="sum")
+    return by_gather(loss_logits(logits), y, mask)
 
 
 def by_gather(logits: torch.Tensor, y: torch.Tensor, mask=None) -> torch.Tensor:

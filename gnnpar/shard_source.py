@@ -164,8 +164,7 @@ def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
         if not source.checked:  # launched: the dataset not compared yet
             _check_shards_on_rank_0(rank, spec, source.folder)
         return load_shard(source.folder, rank, world_size=world)
-    graph = reorder(load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed),
-                    vertex_order(spec))
+    graph = load_graph(spec)
     return build_shard(graph, run_partition(spec, graph, world), rank)
 
 
