@@ -17,7 +17,9 @@ Triton.
 ``--sweep`` (CUDA) also times every tile of ``triton_spmm.CANDIDATES`` and the default tile
 with the rows in their stored order instead of longest first, one JSON line each
 (``"variant"``), and prints the fastest tile per width and dtype: the figures behind
-``triton_spmm.config_for``.
+``triton_spmm.config_for``. It also times two ways of calling cuSPARSE that gnnpar does not
+use yet (fp32 only): int32 indices (``cusparse-i32``) and ``torch.addmm`` with ``beta=0`` into
+a reused output (``cusparse-addmm``), each as a ratio to the ``torch.sparse.mm`` row.
 """
 from __future__ import annotations
 
@@ -95,6 +97,8 @@ def main(argv=None) -> int:
                 print(json.dumps(row))
                 if a.sweep:
                     sweep.extend(sweep_tiles(A, h, out, row, a.repeats, device))
+                    if dtype == torch.float32:
+                        sweep.extend(sweep_cusparse(A, h, out, row, a.repeats, device))
     print("\n| threads | width | dtype | gnnpar | torch.sparse.mm | ratio |\n"
           "|---|---|---|---|---|---|", file=sys.stderr)
     for r in rows:
@@ -114,6 +118,14 @@ def main(argv=None) -> int:
                   f"{unsorted[0] * 1e3 if unsorted else float('nan'):.2f} ms | "
                   f"{best['gnnpar_s'] / r['torch_s'] if best else float('nan'):.2f} |",
                   file=sys.stderr)
+        calls = [s for s in sweep if s["variant"].startswith("cusparse")]
+        if calls:
+            print("\n| width | cuSPARSE call | time | vs torch.sparse.mm |\n|---|---|---|---|",
+                  file=sys.stderr)
+        for s in calls:
+            print(f"| {s['width']} | {s['variant']} | "
+                  + (f"{s['variant_s'] * 1e3:.2f} ms | {s['ratio']:.2f} |" if "ratio" in s
+                     else f"{s['error']} | - |"), file=sys.stderr)
     return 0
 
 
@@ -137,6 +149,33 @@ def sweep_tiles(A, h, out, base, repeats, device):
             rec["gnnpar_s"] = statistics.median(timed(run, device) for _ in range(repeats))
             rec["ratio"] = rec["gnnpar_s"] / rec["torch_s"]
         except Exception as e:  # noqa: BLE001 - one tile's failure is a row of the sweep
+            rec["error"] = f"{type(e).__name__}: {e}"[:200]
+        print(json.dumps(rec))
+        got.append(rec)
+    return got
+
+
+def sweep_cusparse(A, h, out, base, repeats, device):
+    """cuSPARSE called with int32 indices and through ``addmm(beta=0)`` into ``out``: JSON
+    lines like ``base`` plus ``variant`` and ``torch_s`` of this variant's own run, interleaved
+    with ``torch.sparse.mm`` as usual (``ratio`` below 1: the variant is faster)."""
+    A32 = torch.sparse_csr_tensor(A.crow_indices().int(), A.col_indices().int(), A.values(),
+                                  size=A.shape, check_invariants=False)
+    calls = {"cusparse-i32": lambda: torch.sparse.mm(A32, h),
+             "cusparse-addmm": lambda: torch.addmm(out, A, h, beta=0, out=out)}
+    got = []
+    for variant, call in calls.items():
+        rec = {k: base[k] for k in ("device", "width", "dtype")}
+        rec["variant"] = variant
+        try:
+            call()
+            mine, theirs = [], []
+            for _ in range(repeats):
+                mine.append(timed(call, device))
+                theirs.append(timed(lambda: torch.sparse.mm(A, h), device))
+            rec.update(variant_s=statistics.median(mine), torch_s=statistics.median(theirs))
+            rec["ratio"] = rec["variant_s"] / rec["torch_s"]
+        except Exception as e:  # noqa: BLE001 - a refused call is a row of the sweep
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
         print(json.dumps(rec))
         got.append(rec)
