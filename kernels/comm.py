@@ -53,10 +53,12 @@ collective (operation, devices, dtypes, phase, backend, caller) to ``PATH.<pid>`
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
+import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -129,7 +131,17 @@ def process_group_backend(name: str) -> str:
 
 def init_process_group(backend: str, **kw) -> None:
     """``torch.distributed.init_process_group`` with :func:`process_group_backend`'s string
-    (the launchers' one way in, so no process group is ever created NCCL-only)."""
+    (the launchers' one way in, so no process group is ever created NCCL-only).
+
+    ``torch._dynamo`` is imported first. Imported after the group exists (torch.optim's
+    constructors import it), it keeps ten references to the default group (measured, torch
+    2.13), so ``destroy_process_group`` cannot free it: its gloo threads and rank 0's
+    rendezvous store then live on into interpreter exit, whose teardown of them can abort
+    the process ("terminate called without an active exception", seen under ``mpirun``)."""
+    try:
+        importlib.import_module("torch._dynamo")
+    except Exception:  # noqa: BLE001 - a torch without dynamo holds no such references
+        pass
     dist.init_process_group(process_group_backend(backend), **kw)
 
 
@@ -142,7 +154,11 @@ def device_routes(backend: str) -> Dict[str, str]:
     return {d: backend for d in _BACKEND_DEVICES.get(backend, ("cpu", "cuda"))}
 
 
-_ROUTES: Dict[object, Tuple[str, Dict[str, str]]] = {}
+#: by process group, weakly: a group that ``destroy_process_group`` let go must really go (a
+#: cached one kept its gloo threads and rank 0's rendezvous store alive until interpreter exit,
+#: where their teardown could abort the process: "terminate called without an active exception")
+_ROUTES: "weakref.WeakKeyDictionary[object, Tuple[str, Dict[str, str]]]" = \
+    weakref.WeakKeyDictionary()
 
 
 def _routes_of(group) -> Tuple[str, Dict[str, str]]:

@@ -242,6 +242,9 @@ def check_probe(recs, source, world):
     assert len({r["pid"] for r in recs}) == world
     assert max(r["z_err"] for r in recs) < 1e-5
     assert max(r["dh_err"] for r in recs) < 1e-5
+    # shutdown freed the groups: nothing of them is left for interpreter exit to tear down
+    assert all(r["released"] == {"groups_freed": True, "threads": []} for r in recs), \
+        [r["released"] for r in recs]
 
 
 def mpirun_or_skip():
