@@ -11,11 +11,11 @@ exactly preserved. Deterministic per torch seed, and the same masks on both CPU 
 
 - with numba, one compiled pass applies the mask (after ReLU, for :func:`relu_dropout`) and
   scales, and the backward recomputes the mask from the seed — no mask is stored;
-- without (no numba, or a rank launched by ``mpirun``, where the compiled thread pool is not
-  used), the same keep decisions are computed with numpy into a float mask with the scale
-  folded in, and forward and backward are one multiply each.
+- without (no numba, or ``GNNPAR_SPMM=torch``), the same keep decisions are computed with
+  numpy into a float mask with the scale folded in, and forward and backward are one
+  multiply each.
 
-So a run gives the same numbers launched by ``mpirun`` or with ``--nprocs``. On CUDA (with
+So a run gives the same numbers on either path. On CUDA (with
 Triton) one pass each way does the bias add, ReLU and dropout together
 (:mod:`gnnpar.kernels.triton_epilogue`: the same hash, so a seed gives the same mask as on the
 CPU, and no mask is stored); ``GNNPAR_EPILOGUE_GPU=torch`` or no Triton uses torch's ops.

@@ -80,7 +80,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def keep_mask(numel: int, seed: int, drop_units: int) -> np.ndarray:
     """The kernel's keep decisions as a bool array, computed with numpy (the path without
-    numba, or under MPI, draws the same masks from the same seed)."""
+    numba draws the same masks from the same seed)."""
     g = np.arange((numel + 3) // 4, dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = np.uint64(seed) + g * np.uint64(0x9E3779B97F4A7C15)

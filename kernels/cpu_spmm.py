@@ -114,12 +114,11 @@ def _compiled():
 
 def available() -> bool:
     """Whether the compiled kernel serves CPU products here (numba is a dependency; the
-    fallback keeps a broken or missing install working). Not in a process that runs MPI
-    (mpi4py loaded, i.e. launched by ``mpirun``): there the kernel's thread pool and the MPI
-    runtime were seen to abort the process at exit ("terminate called without an active
-    exception", one run in three), so those ranks use ``torch.sparse.mm``."""
-    return (os.environ.get(ENV, "numba") != "torch" and "mpi4py.MPI" not in sys.modules
-            and _numba_installed())
+    fallback keeps a broken or missing install working). Ranks launched by ``mpirun`` use it
+    too: the exit aborts once blamed on its thread pool ("terminate called without an active
+    exception") came from process groups that outlived shutdown, now freed
+    (:func:`gnnpar.kernels.comm.init_process_group`)."""
+    return os.environ.get(ENV, "numba") != "torch" and _numba_installed()
 
 
 @functools.lru_cache(maxsize=None)
