@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from gnnpar.datasets import InputError
-from gnnpar.kernels.comm import init_process_group
+from gnnpar.kernels.comm import import_dynamo_first, init_process_group
 
 MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
@@ -409,6 +409,7 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
         torch.cuda.set_device(gpu)
         device = torch.device("cuda", gpu)
     td = datetime.timedelta(seconds=timeout)
+    import_dynamo_first()  # a launched rank trains: let shutdown free its groups
     store = _MPI_STORES.pop(info.master_port, None) if info.source == "mpi" else None
     if info.world_size == 1 and info.master_port is None:
         init_process_group(name, store=dist.HashStore(), rank=0, world_size=1, timeout=td)

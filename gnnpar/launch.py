@@ -127,7 +127,7 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dic
         try:
             source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
             return spawn(_spawned, spec.nprocs, args=(spec, source), backend=spec.backend,
-                         timeout_s=spec.timeout)[0]
+                         timeout_s=spec.timeout, dynamo_first=True)[0]
         except SpawnError as e:
             if e.failure.kind == "input":
                 raise InputError(e.failure.message) from None

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from gnnpar.datasets import InputError
-from gnnpar.kernels.comm import init_process_group
+from gnnpar.kernels.comm import import_dynamo_first, init_process_group
 from gnnpar.kernels.cpu_spmm import size_pool
 
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
@@ -72,13 +72,16 @@ class SpawnError(RuntimeError):
         return str(self).splitlines()[0]
 
 
-def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results):
+def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results,
+           dynamo_first=False):
     die_with_parent()  # a rank never outlives the process that spawned it
     _name_process(f"gnnpar-rank-{rank}")
     try:
         if threads:
             torch.set_num_threads(threads)
             size_pool(threads)
+        if dynamo_first:
+            import_dynamo_first()
         init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
                            world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         try:
@@ -105,10 +108,14 @@ def _name_process(name: str) -> None:
 
 
 def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend: str = "gloo",
-          timeout_s: float = 120.0, threads: Optional[int] = None) -> List[Any]:
+          timeout_s: float = 120.0, threads: Optional[int] = None,
+          dynamo_first: bool = False) -> List[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``nprocs`` ranks; return each rank's result.
 
     ``fn`` must be importable (module level). ``threads`` defaults to cores // nprocs (≥ 1).
+    ``dynamo_first``: ``fn`` builds a torch optimizer (trains), so each rank imports
+    ``torch._dynamo`` before it joins (:func:`gnnpar.kernels.comm.import_dynamo_first`), and
+    its process groups are freed when it leaves.
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
@@ -126,7 +133,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
             for r in range(nprocs):
                 procs.append(ctx.Process(target=_child, daemon=True,
                                          args=(fn, r, nprocs, store, backend, timeout_s,
-                                               threads, args, results)))
+                                               threads, args, results, dynamo_first)))
                 procs[-1].start()
             sigterm.started()
             return _collect(procs, results, nprocs, timeout_s)

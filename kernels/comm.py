@@ -131,18 +131,22 @@ def process_group_backend(name: str) -> str:
 
 def init_process_group(backend: str, **kw) -> None:
     """``torch.distributed.init_process_group`` with :func:`process_group_backend`'s string
-    (the launchers' one way in, so no process group is ever created NCCL-only).
+    (the launchers' one way in, so no process group is ever created NCCL-only)."""
+    dist.init_process_group(process_group_backend(backend), **kw)
 
-    ``torch._dynamo`` is imported first. Imported after the group exists (torch.optim's
-    constructors import it), it keeps ten references to the default group (measured, torch
-    2.13), so ``destroy_process_group`` cannot free it: its gloo threads and rank 0's
-    rendezvous store then live on into interpreter exit, whose teardown of them can abort
-    the process ("terminate called without an active exception", seen under ``mpirun``)."""
+
+def import_dynamo_first() -> None:
+    """Import ``torch._dynamo`` now, before the default process group exists, in a rank that
+    will build a torch optimizer. Imported after the group exists (torch.optim's constructors
+    import it), it keeps ten references to that group (measured, torch 2.13), so
+    ``destroy_process_group`` cannot free it: its gloo threads and rank 0's rendezvous store
+    then live on into interpreter exit, whose teardown of them can abort the process
+    ("terminate called without an active exception", seen under ``mpirun``). The import
+    takes about a second, so ranks that train no model (tests of the kernels) skip it."""
     try:
         importlib.import_module("torch._dynamo")
     except Exception:  # noqa: BLE001 - a torch without dynamo holds no such references
         pass
-    dist.init_process_group(process_group_backend(backend), **kw)
 
 
 def device_routes(backend: str) -> Dict[str, str]:

@@ -75,7 +75,8 @@ def bench(dataset, algo, P, grid, replication, partitioner, epochs, hidden, laye
     and (exposed) communication seconds, bytes per rank (mean, max), peak memory (max)."""
     from gnnpar.spawn import spawn
     out = spawn(rank_run, P, args=(dataset, algo, grid, replication, partitioner, epochs, hidden,
-                                   layers, seed), timeout_s=timeout_s, threads=threads)
+                                   layers, seed), timeout_s=timeout_s, threads=threads,
+                dynamo_first=True)
     hist = timed_epochs(out[0]["hist"])
     return {"algo": algo, "world_size": P, "threads": threads, "grid": grid or str(P),
             "epoch_s": statistics.median(r["epoch_s"] for r in hist),

@@ -67,7 +67,7 @@ def main():
     model = GIN(g.num_features, 32, g.num_classes)
     last = fit(model, SerialRuntime(g, model.norm), TrainConfig(epochs=30, lr=0.01))[-1]
     print(f"serial  : loss {last['loss']:.5f} test acc {last['test_acc']:.3f}")
-    last2 = spawn(distributed_rank, 2, args=(DEFAULT_SPEC,))[0]
+    last2 = spawn(distributed_rank, 2, args=(DEFAULT_SPEC,), dynamo_first=True)[0]
     print(f"2 ranks : loss {last2['loss']:.5f} test acc {last2['test_acc']:.3f} "
           f"({last2['comm_bytes']} bytes moved in the last epoch)")
 

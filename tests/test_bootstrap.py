@@ -247,6 +247,20 @@ def check_probe(recs, source, world):
         [r["released"] for r in recs]
 
 
+def _optimizer_refs_to_world(rank, world):
+    """How many references to the world group building a torch optimizer adds (kept for
+    good if torch._dynamo is first imported then: the group outlives its destruction)."""
+    import torch.distributed as dist
+    before = sys.getrefcount(dist.group.WORLD)
+    torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+    return sys.getrefcount(dist.group.WORLD) - before
+
+
+def test_spawned_trainer_ranks_import_dynamo_before_joining():
+    from gnnpar.spawn import spawn
+    assert spawn(_optimizer_refs_to_world, 2, dynamo_first=True, timeout_s=120) == [0, 0]
+
+
 def mpirun_or_skip():
     try:
         import mpi4py  # noqa: F401
