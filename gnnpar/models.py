@@ -90,20 +90,17 @@ class SAGELayer(nn.Module):
 
     def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
         """Z without the bias (see :meth:`GCNLayer.unbiased`)."""
-        w = self.lin_neigh.weight
-        if self.lin_neigh.in_features <= self.lin_neigh.out_features:
-            neigh = F.linear(op(h), w)
-        else:
-            neigh = op(h @ w.t())
-        return neigh + self.lin_root(h[:op.num_dst])
+        return self._neigh(op, h, None) + self.lin_root(h[:op.num_dst])
 
     def forward(self, op, h: torch.Tensor) -> torch.Tensor:
-        h_dst = h[:op.num_dst]
+        return self._neigh(op, h, self.bias) + self.lin_root(h[:op.num_dst])
+
+    def _neigh(self, op, h: torch.Tensor, bias) -> torch.Tensor:
+        """(D⁻¹A·H)·W_neigh (+ ``bias`` unless None), the SpMM at the narrower width."""
+        w = self.lin_neigh.weight
         if self.lin_neigh.in_features <= self.lin_neigh.out_features:
-            neigh = self.lin_neigh(op(h))
-        else:
-            neigh = add_bias(op(h @ self.lin_neigh.weight.t()), self.lin_neigh.bias)
-        return neigh + self.lin_root(h_dst)
+            return F.linear(op(h), w, bias)
+        return add_bias(op(h @ w.t()), bias)
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}

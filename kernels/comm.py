@@ -168,10 +168,11 @@ _ROUTES: "weakref.WeakKeyDictionary[object, Tuple[str, Dict[str, str]]]" = \
 def _routes_of(group) -> Tuple[str, Dict[str, str]]:
     """(backend string, routes) of ``group`` (None: the world), looked up once per group."""
     key = group if group is not None else dist.group.WORLD
-    if key not in _ROUTES:
+    routes = _ROUTES.get(key)
+    if routes is None:
         backend = str(dist.get_backend(group))
-        _ROUTES[key] = backend, device_routes(backend)
-    return _ROUTES[key]
+        routes = _ROUTES[key] = backend, device_routes(backend)
+    return routes
 
 
 def _outside_caller() -> str:
