@@ -4,35 +4,43 @@
 below). The rows of A are cut into blocks of equal non-zero counts (R-MAT rows are very
 uneven, so equal row counts would leave one thread with most of the work), a few blocks per
 thread; each thread walks its rows and, for each entry a_ic, adds a_ic · H[c] into row i of
-Z, the f-wide inner loop vectorised. Entries are added in row order, as ``torch.sparse.mm``
-adds them, so the result is the same to the last bit (tested); the kernel is faster because
-it does one pass over the entries with the output row held in cache and no per-call setup
-(measured in ``scripts/bench_spmm.py``).
+Z, the f-wide inner loop vectorised, in one pass over the entries with the output row held in
+cache and no per-call setup.
+
+**Arithmetic, chosen on purpose.** Each row's entries are added in CSR order in float32, each
+product rounded before it is added: no fused multiply-add (numba does not contract a multiply
+and an add unless told to). A product therefore has the same bits on every x86-64 CPU, with
+or without FMA units, at every thread count (a row is never split between threads), so a run
+and its checkpoints reproduce on another machine. ``torch.sparse.mm`` (MKL) adds in the same
+order but fuses the multiply and the add on CPUs that have FMA, so where the size rule
+(:data:`MIN_WIDTH`, :data:`MIN_WORK`) hands a product to torch its last bits may differ from
+the kernel's, within the rounding of the sum (``tests/exact.py`` states the bound); the tests
+hold the kernel to a sequential sum in its own arithmetic, bit for bit.
 
 :func:`csr_mm` is the one entry every local product uses (:mod:`gnnpar.kernels.local` and
 each distributed kernel's local part). On CUDA it uses ``torch.sparse.mm`` (cuSPARSE), or the
 Triton kernel of :mod:`gnnpar.kernels.triton_spmm` with ``GNNPAR_SPMM_GPU=triton``; on the
 CPU this kernel, falling back to ``torch.sparse.mm`` for dtypes other than float32 and bf16,
-without numba, or with ``GNNPAR_SPMM=torch`` in the environment.
+without numba, below the size rule, or with ``GNNPAR_SPMM=torch`` in the environment.
+Writes into a given ``out`` that torch cannot see (the kernels write through numpy views or
+raw pointers) bump ``out``'s version counter, so autograd still refuses a backward through a
+tensor that was saved and then overwritten.
 
 Narrow features (bf16 or fp16 H, ``--precision bf16``) with a float32 A are summed in float32
 and the sum rounded once to H's dtype, on every path. This kernel reads bf16 rows at their
 own width (a bf16 is the top half of a float32: widening is a shift) and sums them in the
-float32 kernel's order, so it gives the bits of the widened float32 product, rounded — with
-half the gather traffic (measured at width 256 on rmat:scale=15,ef=16, 2 threads: 145 ms
-against float32's 198 ms, and 253 ms when H was first widened to a float32 copy). The Triton
-kernel gathers bf16/fp16 likewise; elsewhere (fp16 on the CPU, cuSPARSE, ``torch.sparse.mm``)
-H is widened to a float32 copy and the product of the copy rounded.
+float32 kernel's order, so it gives the bits of the widened float32 product, rounded, with
+half the gather traffic. The Triton kernel gathers bf16/fp16 likewise; elsewhere (fp16 on the
+CPU, cuSPARSE, ``torch.sparse.mm``) H is widened to a float32 copy and the product of the
+copy rounded.
 Calls are serialised by a lock: numba's default thread pool must not be entered by two
 threads at once (the sampler threads never multiply, but a user's might).
 
 The pool is sized to the process's torch threads (:func:`size_pool`, called as a rank starts)
 rather than numba's default of every core, and :func:`run_parallel` keeps torch's thread count
 as it was: numba's OpenMP layer, when its pool starts, sets the OpenMP thread count that torch
-shares to the pool's size. Before both, a rank of one thread ran every torch op and kernel on
-all the host's cores after its first product: on the 16-core H200 host, 16 such ranks made a
-1d-halo epoch 9.9 s (rmat:scale=18,ef=16) against 0.44 s with the fix, and the "one rank ×
-one thread" baseline (1.1 s) was in fact multi-threaded (3.2 s on one thread).
+shares to the pool's size, which would leave a one-thread rank running every later torch op on
+all the host's cores (``docs/performance.md`` has what that cost on a 16-core host).
 
 Shapes: ``indptr`` (n_dst+1,), ``indices`` (nnz,) int32 or int64, ``values`` (nnz,)
 float32, H (n_src, f) float32 or bf16 → Z (n_dst, f) in H's dtype.
@@ -138,11 +146,11 @@ def row_blocks(indptr: np.ndarray, parts: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
 
-#: the kernel serves products at least this wide with at least this many multiply-adds:
-#: below, ``torch.sparse.mm`` was faster (2 threads, interleaved medians: rmat-15 width 8/16
-#: 6.5/7.1 ms against torch's 1.5/2.9 ms, width 32/64 8.2/16 ms against 40/48 ms; rmat-12
-#: width 64 a tie at 1.1 ms; a call costs ~50 µs of dispatch). The two add in the same order,
-#: so which one runs never changes a result.
+#: the kernel serves products at least this wide with at least this many multiply-adds;
+#: below, torch's product is faster (the kernel's call costs tens of µs of dispatch, and its
+#: narrow rows vectorise poorly). ``scripts/bench_spmm.py --size-rule`` measures the
+#: crossover; ``docs/performance.md`` has the figures behind these values. The two paths
+#: add in the same order, but torch may fuse (see the module docstring).
 MIN_WIDTH, MIN_WORK = 32, 1 << 22
 
 
@@ -178,7 +186,7 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
 
 def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
     if triton_spmm.selected(h) and A.layout == torch.sparse_csr:
-        return triton_spmm.csr_mm(A, h, out)
+        return written(triton_spmm.csr_mm(A, h, out))
     if h.dtype in NARROW and A.dtype == torch.float32 and not _usable(A, h):
         z = _product(A, h.float(), None)
         return z.to(h.dtype) if out is None else out.copy_(z)
@@ -198,6 +206,14 @@ def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> t
     run_parallel(numba, threads, kernels[h.dtype], indptr, A.col_indices().numpy(),
                  A.values().detach().numpy(), _bits(h), _bits(out),
                  row_blocks(indptr, threads * BLOCKS_PER_THREAD))
+    return written(out)
+
+
+def written(out: torch.Tensor) -> torch.Tensor:
+    """``out`` with its version counter bumped, after a write torch did not see (a numpy view
+    or a raw pointer): a tensor autograd saved before the write then fails its backward's
+    version check instead of giving a wrong gradient."""
+    torch.autograd.graph.increment_version(out)
     return out
 
 
