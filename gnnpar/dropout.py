@@ -2,29 +2,41 @@
 per-element draws.
 
 ``torch.nn.functional.dropout`` draws one Bernoulli sample per element through the generic
-path, which on CPU costs several times a full pass over the tensor (measured: 230 ms for
-32k × 256 where filling 64-bit words takes ~3 ms). Here each call draws one seed from torch's
-generator and element i is kept when a 16-bit lane of a hash of (seed, i // 4) is at least a
-threshold (:mod:`gnnpar.kernels.cpu_dropout`). The drop probability is rounded to a multiple
-of 1/65536 (0.5 is exact) and the scale uses that rounded probability, so the expectation is
-exactly preserved. Deterministic per torch seed, and the same masks on both CPU paths:
+path, which on CPU costs several full passes over the tensor. Here each call draws one seed
+from torch's generator and element i is kept when a 16-bit lane of a hash of (seed, i // 4) is
+at least a threshold (:mod:`gnnpar.kernels.cpu_dropout`). The drop probability is rounded to a
+multiple of 1/65536 (0.5 is exact) and the scale uses that rounded probability, so the
+expectation is exactly preserved. Deterministic per torch seed, and the same masks on both CPU
+paths:
 
 - with numba, one compiled pass applies the mask (after ReLU, for :func:`relu_dropout`) and
   scales, and the backward recomputes the mask from the seed — no mask is stored;
 - without (no numba, or ``GNNPAR_SPMM=torch``), the same keep decisions are computed with
-  numpy into a float mask with the scale folded in, and forward and backward are one
-  multiply each.
+  numpy into a bool mask, kept for the backward.
 
-So a run gives the same numbers on either path. On CUDA (with
-Triton) one pass each way does the bias add, ReLU and dropout together
-(:mod:`gnnpar.kernels.triton_epilogue`: the same hash, so a seed gives the same mask as on the
-CPU, and no mask is stored); ``GNNPAR_EPILOGUE_GPU=torch`` or no Triton uses torch's ops.
+So a run gives the same numbers on either path. On CUDA (with Triton) one pass each way does
+the bias add, ReLU and dropout together (:mod:`gnnpar.kernels.triton_epilogue`: the same hash,
+so a seed gives the same mask as on the CPU, and no mask is stored);
+``GNNPAR_EPILOGUE_GPU=torch`` or no Triton uses torch's ops.
+
+Non-finite values: ReLU and dropout select, never multiply by 0 (inf·0 and NaN·0 are NaN).
+Every path above but torch's CUDA ops gives ``torch.where(keep & ~(x <= 0), x * scale, 0)``
+(without ReLU, ``torch.where(keep, x * scale, 0)``) and that expression's gradient: ``g·scale``
+at the same elements, exactly 0 elsewhere. So NaN passes ReLU, as ``torch.relu`` lets it, and
+propagates where kept, gradient included, so a diverged run still ends with a non-finite loss
+(exit 4); −inf becomes 0; +inf stays +inf where kept; a dropped element, and the gradient
+where ReLU was off or the element dropped, are 0 even when the value or the incoming gradient
+is ±inf or NaN. Torch's ``dropout(relu(x))`` agrees but at dropped elements, which it
+multiplies by 0: a dropped ±inf or NaN, or a non-finite gradient at a dropped element that
+ReLU passed, gives NaN there. The passes cannot follow it in the backward, which sees only the
+forward's output, 0 at a dropped element whatever the input was; selecting both ways keeps the
+backward the exact gradient of the forward.
 
 :func:`bias_relu_dropout` is what a hidden layer ends with: ``dropout(relu(z + bias))``, one
 pass on a GPU; on CPUs the bias add is its own op (:func:`add_bias`) and ReLU + dropout one
-compiled pass, as before.
+compiled pass.
 
-Shapes: x (…) → same shape; the seed (compiled paths) or the scaled float mask is kept for the
+Shapes: x (…) → same shape; the seed (compiled paths) or the bool mask is kept for the
 backward. With a bias: z (n, f), bias (f,).
 """
 from __future__ import annotations
@@ -45,23 +57,29 @@ def _seed() -> int:
     return int(torch.randint(0, 2 ** 62, (1,)))
 
 
-def _scaled_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+def _keep(x: torch.Tensor, p: float):
+    """(bool keep mask shaped like ``x``, scale of the kept elements)."""
     drop_units, scale = _units(p)
     keep = cpu_dropout.keep_mask(x.numel(), _seed(), drop_units)
-    return torch.from_numpy(keep).view(x.shape).to(x.dtype).mul_(scale)
+    return torch.from_numpy(keep).view(x.shape), scale
+
+
+def _select(t: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``t·scale`` where kept, else exactly 0 (a select: inf·0 and NaN·0 would be NaN)."""
+    return torch.where(keep, t * scale, 0.0)
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
-        mask = _scaled_mask(x, p)
-        ctx.save_for_backward(mask)
-        return x * mask
+        keep, ctx.scale = _keep(x, p)
+        ctx.save_for_backward(keep)
+        return _select(x, keep, ctx.scale)
 
     @staticmethod
     def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
-        return grad * mask, None
+        (keep,) = ctx.saved_tensors
+        return _select(grad, keep, ctx.scale), None
 
 
 class _HashDropout(torch.autograd.Function):
@@ -126,7 +144,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if cpu_dropout.usable(x):
         return _HashDropout.apply(x, None, p, False, _CPUPass)
     if not x.requires_grad:
-        return x * _scaled_mask(x, p)
+        return _select(x, *_keep(x, p))
     return _Dropout.apply(x, p)
 
 
@@ -145,7 +163,7 @@ def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
 def fuses_bias(x: torch.Tensor, p: float, training: bool = True) -> bool:
     """Whether :func:`bias_relu_dropout` does the bias add in its one GPU pass for activations
     like ``x`` (training with dropout, on CUDA with Triton): then a layer may hand its bias
-    over. Elsewhere a layer adds its own, and CPU results stay what they always were."""
+    over. Elsewhere a layer adds its own (:func:`add_bias`)."""
     return training and p != 0.0 and triton_epilogue.usable(x)
 
 

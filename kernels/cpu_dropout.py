@@ -13,6 +13,12 @@ rounded to a multiple of 1/65536 (0.5 is exact) and the kept elements are scaled
 inverse of the rounded keep probability, so the expectation is exactly preserved (as in
 :mod:`gnnpar.dropout`'s torch path).
 
+Keeping and ReLU are selects, not products with a 0/1 factor (inf·0 and NaN·0 are NaN): an
+element is ``src·scale`` where kept and (with ReLU) ``cond`` is not ≤ 0, else exactly 0. So
+NaN passes ReLU and propagates where kept, −inf becomes 0, and a gradient where ReLU was off
+or the element dropped is 0 even when it is ±inf or NaN — the rule :mod:`gnnpar.dropout`
+states, which the GPU pass follows too.
+
 Shapes: tensors of one shape (bf16/fp16 through a float32 copy, returned in their dtype).
 """
 from __future__ import annotations
@@ -35,11 +41,11 @@ def _compiled():
     from numba import njit, prange
 
     @njit(inline="always")
-    def _factor(lane, c, drop_units, scale, relu):  # pragma: no cover - compiled
-        f = scale if lane >= drop_units else np.float32(0.0)
-        if relu and not c > np.float32(0.0):
-            f = np.float32(0.0)
-        return f
+    def _pick(v, lane, c, drop_units, scale, relu):  # pragma: no cover - compiled
+        # a select, not a product with a 0/1 factor: inf·0 and NaN·0 would be NaN
+        if lane < drop_units or (relu and c <= np.float32(0.0)):
+            return np.float32(0.0)
+        return v * scale
 
     @njit(inline="always")
     def _hash(seed, g):  # pragma: no cover - compiled
@@ -58,18 +64,18 @@ def _compiled():
             for g in range(c * chunk, min(groups, (c + 1) * chunk)):
                 z = _hash(seed, g)
                 i = 4 * g
-                out[i] = src[i] * _factor(z & m, cond[i], drop_units, scale, relu)
-                out[i + 1] = src[i + 1] * _factor((z >> np.uint64(16)) & m, cond[i + 1],
-                                                  drop_units, scale, relu)
-                out[i + 2] = src[i + 2] * _factor((z >> np.uint64(32)) & m, cond[i + 2],
-                                                  drop_units, scale, relu)
-                out[i + 3] = src[i + 3] * _factor(z >> np.uint64(48), cond[i + 3],
-                                                  drop_units, scale, relu)
+                out[i] = _pick(src[i], z & m, cond[i], drop_units, scale, relu)
+                out[i + 1] = _pick(src[i + 1], (z >> np.uint64(16)) & m, cond[i + 1],
+                                   drop_units, scale, relu)
+                out[i + 2] = _pick(src[i + 2], (z >> np.uint64(32)) & m, cond[i + 2],
+                                   drop_units, scale, relu)
+                out[i + 3] = _pick(src[i + 3], z >> np.uint64(48), cond[i + 3],
+                                   drop_units, scale, relu)
         z = _hash(seed, groups)  # the last n % 4 elements
         for k in range(n - 4 * groups):
             i = 4 * groups + k
-            out[i] = src[i] * _factor((z >> np.uint64(16 * k)) & m, cond[i], drop_units,
-                                      scale, relu)
+            out[i] = _pick(src[i], (z >> np.uint64(16 * k)) & m, cond[i], drop_units, scale,
+                           relu)
     return numba, _masked_scale
 
 
@@ -99,10 +105,11 @@ def usable(x: torch.Tensor) -> bool:
 
 def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: int,
                  scale: float, relu: bool) -> torch.Tensor:
-    """``src·scale`` where the element is kept (and, with ``relu``, ``cond`` > 0), else 0.
+    """``src·scale`` where the element is kept (and, with ``relu``, ``cond`` is not ≤ 0:
+    positive or NaN), else 0, by a select.
 
     Forward: ``src = cond = x``. Backward: ``src`` = the gradient, ``cond`` = the forward's
-    output (positive exactly where ReLU passed and dropout kept)."""
+    output (not ≤ 0 exactly where ReLU passed and dropout kept)."""
     dtype = src.dtype
     src = src.detach().float().contiguous()
     cond = cond.detach().float().contiguous()

@@ -3,10 +3,7 @@
 A hidden GCN layer ends with ``dropout(relu(z + b))``. As torch ops on CUDA that is three
 kernels forward (bias add, ReLU, dropout with a stored bool mask) and four backward (mask
 multiply, ReLU's, the bias's row sum, and the sum of the two paths), each a full pass over an
-(n, f) tensor. Measured on an H200 (``scripts/bench_single.py --device cuda`` at
-``rmat:scale=20,ef=16``, 3-layer GCN, hidden 256, fp32): an epoch takes 36.3 ms with this pass
-and 40.0 ms with torch's ops (variant ``unfused``), and peaks at 7.5 GiB instead of 9.8; the
-pass itself takes 2.8 ms of the epoch (``scripts/profile_epoch.py --device cuda``).
+(n, f) tensor, and the mask held in memory between them.
 
 Here the forward is one pass (``z`` and the bias in, the activation out) and the backward one
 pass (the gradient and the forward's output in, ``dz`` out; the bias's gradient is the row sum
@@ -15,7 +12,12 @@ stored: element i is kept when a 16-bit lane of a hash of (seed, i // 4) is at l
 threshold — the same hash, lanes and threshold as the CPU pass
 (:mod:`gnnpar.kernels.cpu_dropout`), so a seed gives the same mask on either device — and the
 backward recomputes it from the seed. With ReLU, an element passes the gradient where it was
-kept and the forward's output is positive (exactly where ReLU passed and dropout kept).
+kept and the forward's output is not ≤ 0 (exactly where ReLU passed and dropout kept).
+
+Non-finite values follow the rule :mod:`gnnpar.dropout` states, as the CPU pass does: ReLU and
+dropout select with ``tl.where``, never multiply by 0, so NaN passes ReLU and propagates where
+kept, −inf becomes 0, +inf stays +inf where kept, and everything dropped or cut by ReLU is
+exactly 0, gradients included.
 
 Sums and products are in float32; ``z`` may be float32, bf16 or fp16 and the output has its
 dtype (the bias is float32, added before rounding). Used by :mod:`gnnpar.dropout` for CUDA
@@ -67,8 +69,9 @@ def _kernel():
     def _masked_scale(src, bias, cond, out, total, f, seed, drop_units, scale,
                       HAS_BIAS: tl.constexpr, RELU: tl.constexpr, COND_IS_SRC: tl.constexpr,
                       BLOCK: tl.constexpr):  # pragma: no cover - compiled
-        # out = (src + bias)·scale where kept (and, with RELU, cond > 0), else 0; kept: lane
-        # i % 4 of splitmix64's finaliser of seed + (i // 4)·φ at least drop_units
+        # out = (src + bias)·scale where kept (and, with RELU, cond is not ≤ 0: positive or
+        # NaN), else 0, by a select; kept: lane i % 4 of splitmix64's finaliser of
+        # seed + (i // 4)·φ at least drop_units
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = offs < total
         v = tl.load(src + offs, mask=live, other=0.0).to(tl.float32)
@@ -82,9 +85,10 @@ def _kernel():
         keep = lane >= drop_units.to(tl.uint64)
         if RELU:
             if COND_IS_SRC:
-                keep = keep & (v > 0.0)
+                c = v
             else:
-                keep = keep & (tl.load(cond + offs, mask=live, other=0.0).to(tl.float32) > 0.0)
+                c = tl.load(cond + offs, mask=live, other=0.0).to(tl.float32)
+            keep = keep & ((c > 0.0) | (c != c))
         tl.store(out + offs, tl.where(keep, v * scale, 0.0).to(out.dtype.element_ty),
                  mask=live)
 

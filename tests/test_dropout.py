@@ -61,7 +61,15 @@ def test_relu_dropout_is_dropout_of_relu(path):
     assert torch.equal(relu_dropout(x, 0.5, training=False), torch.relu(x))
 
 
-def test_compiled_mask_does_not_depend_on_threads():
+@pytest.fixture
+def torch_threads():
+    """Puts torch's intra-op thread count back after a test that changes it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_compiled_mask_does_not_depend_on_threads(torch_threads):
     if not cpu_dropout.usable(torch.ones(1)):
         pytest.skip("numba is not available")
     x = torch.randn(1000, 131)  # not a multiple of the chunk or of 4
@@ -110,3 +118,44 @@ def test_both_cpu_paths_draw_the_same_masks(monkeypatch):
         outs.append((a.detach(), b.detach(), x.grad.clone()))
     for first, second in zip(*outs):
         assert torch.equal(first, second)
+
+
+NAN, INF = float("nan"), float("inf")
+#: every special value meets every non-finite gradient (periods 8 and 3), at kept and at
+#: dropped elements
+SPECIAL = torch.tensor([NAN, -INF, INF, -1.0, -0.0, 0.0, 2.0, 1e-30]).repeat(60)
+GRAD = torch.tensor([INF, NAN, -INF]).repeat(160)
+
+
+def where_reference(x, g, keep, scale, relu):
+    """The rule gnnpar.dropout states: torch.where(keep & ~(x <= 0), x·scale, 0) and its
+    autograd gradient."""
+    x = x.clone().requires_grad_()
+    on = keep & ~(x.detach() <= 0) if relu else keep
+    y = torch.where(on, x * scale, 0.0)
+    y.backward(g)
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_non_finite_values_are_selected_not_multiplied(relu, path):
+    torch.manual_seed(11)
+    keep = dropout(torch.ones(SPECIAL.shape), 0.5) != 0  # the mask the next call draws
+    assert keep.view(60, 8).any(0).all() and not keep.view(60, 8).all(0).any()
+    x = SPECIAL.clone().requires_grad_()
+    torch.manual_seed(11)
+    y = relu_dropout(x, 0.5) if relu else dropout(x, 0.5)
+    y.backward(GRAD)
+    want, want_grad = where_reference(SPECIAL, GRAD, keep, 2.0, relu)
+    torch.testing.assert_close(y.detach(), want, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(x.grad, want_grad, rtol=0, atol=0, equal_nan=True)
+    # the rule in words: NaN propagates where kept and passes its gradient, −inf → 0 after
+    # ReLU, +inf stays +inf where kept, and nothing dropped or cut by ReLU is NaN
+    nan, inf = SPECIAL.isnan(), SPECIAL == INF
+    assert y[nan & keep].isnan().all()
+    torch.testing.assert_close(x.grad[nan & keep], 2.0 * GRAD[nan & keep], equal_nan=True)
+    assert torch.equal(y[inf], torch.where(keep, INF, 0.0)[inf])
+    off = ~keep | (SPECIAL <= 0) if relu else ~keep
+    assert (y[off] == 0).all() and (x.grad[off] == 0).all()
+    if relu:
+        assert (y[SPECIAL == -INF] == 0).all()

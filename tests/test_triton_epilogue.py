@@ -46,6 +46,33 @@ for n, f in ((37, 13), (5, 4), (1, 1), (3, 1), (64, 256), (0, 8)):
             assert torch.allclose(ob.float(), torch.where(keep & (vb > 0), vb * scale, 0.0),
                                   rtol=8e-3, atol=0)
 
+# non-finite values: both passes select (gnnpar.dropout's rule), forward and backward, the
+# GPU one with a bias too: torch.where(keep & ~(v <= 0), v·scale, 0) and its gradient
+nan, inf = float("nan"), float("inf")
+special = torch.tensor([nan, -inf, inf, -1.0, -0.0, 0.0, 2.0, 1e-30]).repeat(60).view(60, 8)
+g = torch.tensor([inf, nan, -inf]).repeat(160).view(60, 8)
+seed, units, scale = 77, 32768, 2.0
+keep = torch.from_numpy(cpu_dropout.keep_mask(special.numel(), seed, units)).view(60, 8)
+assert keep.any(0).all() and not keep.all(0).any()
+def exact(a, b):
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+for bias in (None, torch.tensor([0.0, 1.0, -inf, 3.0, 0.0, -2.0, -5.0, inf])):
+    for relu in (True, False):
+        if bias is not None and not relu:
+            continue
+        vr = (special if bias is None else special + bias).clone().requires_grad_()
+        on = keep & ~(vr.detach() <= 0) if relu else keep
+        ref = torch.where(on, vr * scale, 0.0)
+        ref.backward(g)
+        out = te.forward(special, bias, seed, units, scale, relu)
+        exact(out, ref.detach())
+        exact(te.backward(g, out if relu else None, seed, units, scale, relu), vr.grad)
+        if bias is None:
+            cpu = cpu_dropout.masked_scale(special, special, seed, units, scale, relu)
+            exact(cpu, ref.detach())
+            exact(cpu_dropout.masked_scale(g, cpu if relu else g, seed, units, scale, relu),
+                  vr.grad)
+
 # through autograd (gnnpar.dropout's GPU path, forced onto CPU tensors here): the gradients
 # of z and of the bias are those of torch's ops under the same mask
 te.usable = lambda x: x.dtype in te.DTYPES
