@@ -51,11 +51,12 @@ class DistRuntime(RuntimeCollectives):
 
     def comm_stats(self) -> CommStats:
         """(bytes of all ranks, bytes of the busiest rank, exposed and total seconds of the
-        slowest rank) of forward + backward + gradient sync since the last call; counters are
-        then reset."""
-        total_s = self.comm.total_seconds
+        slowest rank, what timed them on this rank: :attr:`Comm.timing`) of forward + backward
+        + gradient sync since the last call; counters are then reset. Reading the seconds
+        resolves the CUDA events of the epoch's collectives (one synchronize)."""
+        total_s, timing = self.comm.total_seconds, self.comm.timing
         _, per_key, seconds = self.comm.reset()
         mine = sum(b for (axis, phase), b in per_key.items() if phase in EPOCH_PHASES)
         t = torch.tensor([mine, mine, seconds, total_s], dtype=torch.float64)
         tsum, tmax = self.reducer.sum(t), self.reducer.max(t)
-        return CommStats(int(tsum[0]), int(tmax[1]), float(tmax[2]), float(tmax[3]))
+        return CommStats(int(tsum[0]), int(tmax[1]), float(tmax[2]), float(tmax[3]), timing)

@@ -27,15 +27,19 @@ SPLITS = ("train", "val", "test")
 
 class CommStats(NamedTuple):
     """Bytes sent (summed over the ranks it covers), bytes of the busiest rank, *exposed*
-    seconds (blocked in a collective or waiting for one) and total seconds (every collective
-    from issue to completion, overlapped with computation or not) — since the previous call.
-    An engine reports its own rank's (``bytes == bytes_max_rank``); a runtime reports the
-    world's (seconds of the slowest rank)."""
+    seconds (computation held up by a collective: blocked in one, or, on a GPU, the compute
+    stream waiting for one) and total seconds (every collective from issue to completion,
+    overlapped with computation or not) — since the previous call — and ``timing``, what
+    measured the seconds (:attr:`gnnpar.kernels.comm.Comm.timing`: ``host``, ``cuda_events``,
+    ``none`` when no collective was timed). An engine reports its own rank's
+    (``bytes == bytes_max_rank``); a runtime reports the world's (seconds of the slowest
+    rank)."""
 
     bytes: int = 0
     bytes_max_rank: int = 0
     seconds: float = 0.0
     total_seconds: float = 0.0
+    timing: str = "none"
 
 
 class Reducer:

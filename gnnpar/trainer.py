@@ -145,7 +145,7 @@ def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], No
         stats = runtime.comm_stats()
         rec = {"epoch": epoch, "loss": loss, **accs, "epoch_s": epoch_s,
                "compute_s": max(epoch_s - stats.seconds, 0.0), "comm_s": stats.seconds,
-               "comm_total_s": stats.total_seconds,
+               "comm_total_s": stats.total_seconds, "comm_timing": stats.timing,
                "comm_bytes": stats.bytes, "comm_bytes_max_rank": stats.bytes_max_rank,
                "peak_mem_bytes": peak_memory_bytes(runtime.x.device,
                                                    runtime.all_reduce_max)}

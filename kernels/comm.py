@@ -34,8 +34,32 @@ a low-precision reduce-scatter is an all-to-all of the chunks (the same bytes) s
 **Overlap.** ``start_all_to_all`` / ``start_all_gather`` / ``start_reduce_scatter`` issue the
 collective asynchronously and return a :class:`Pending` whose ``wait()`` gives the result, so a
 kernel computes what it holds while rows are in flight. :attr:`Comm.seconds` is the *exposed*
-time (the rank blocked in a collective or a wait); :attr:`Comm.total_seconds` is each
-collective's own time from issue to completion (its future's callback), overlapped or not.
+time (the rank's computation held up by a collective: its issue, a blocking call, a wait);
+:attr:`Comm.total_seconds` is each collective's own time from issue to completion, overlapped
+or not.
+
+**Timing.** Each collective is timed on the clock that sees it end (:attr:`Comm.timing` names
+what the counts since the last reset used):
+
+- ``host`` (:class:`HostTimer`, tensors on the host): ``time.perf_counter``. gloo's and MPI's
+  ``wait()`` returns, and their future completes, when the data has arrived.
+- ``cuda_events`` (:class:`CudaEventTimer`, CUDA tensors): CUDA events on the device's clock.
+  NCCL's ``wait()`` only makes the current stream wait, and its future completes when the
+  collective is *enqueued*, so host clocks read about 0 there. The start event is recorded on
+  the current stream (where the rank's kernels run) at the issue, so it fires when the kernels
+  that make the collective's input are done; the end event is recorded in
+  the future's callback — on the stream NCCL's future hands it, which has waited for the
+  collective, or, on a backend whose future completes on the host when the data has arrived
+  (gloo on CUDA tensors), on a stream of the timer's own that holds nothing else. Exposed
+  time is the current stream's time between events just before and just after the issue and
+  each wait: the stream stood still there whether a stream wait (NCCL) or the host being
+  blocked (gloo) held it. The events are resolved when the seconds are read (at the end of
+  an epoch), with one device synchronize, never one per collective.
+
+  Limitations: where the host runs behind the device, the events around a wait also hold the
+  host's own time in the call (the stream was idle anyway); a collective whose future ran no
+  callback by the time it is waited for ends at the wait — on NCCL after the kernels queued
+  before the wait on the current stream.
 
 **The device rule.** This module is the only caller of ``torch.distributed`` collectives
 (``tests/test_comm_rule.py`` fails on any other). Every call goes through one checked
@@ -57,6 +81,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 from collections import defaultdict
@@ -175,6 +200,18 @@ def _routes_of(group) -> Tuple[str, Dict[str, str]]:
     return routes
 
 
+#: backends whose CUDA work completes on a stream, not on the host: ``wait()`` and the future
+#: return at the enqueue (module docstring, Timing)
+_STREAM_ORDERED = ("nccl",)
+
+
+def _stream_ordered(group, tensors) -> bool:
+    """Whether the collective on ``tensors`` runs on a backend whose future completes at the
+    enqueue (NCCL for CUDA tensors) rather than when the data has arrived."""
+    device = _cuda_device(tensors)
+    return device is not None and _routes_of(group)[1].get("cuda") in _STREAM_ORDERED
+
+
 def _outside_caller() -> str:
     f = sys._getframe(1)
     while f is not None and f.f_globals.get("__name__") == __name__:
@@ -236,6 +273,109 @@ def _chunk(numel: int, g: int, i: int) -> int:
     return numel // g + (1 if i < numel % g else 0)
 
 
+class HostTimer:
+    """Collective times on the host clock (``time.perf_counter``), added as they are taken
+    (``host`` in :attr:`Comm.timing`; module docstring).
+
+    A mark is a float; :meth:`add` counts the seconds between two marks as exposed, total or
+    both. ``intervals``: how many were counted since :meth:`clear`."""
+
+    name = "host"
+
+    def __init__(self):
+        self.exposed = self.total = 0.0
+        self.intervals = 0
+
+    def now(self, stream_ordered: bool = False):
+        """A mark of this moment (``stream_ordered``: see :meth:`CudaEventTimer.now`)."""
+        return time.perf_counter()
+
+    def add(self, start, end, exposed: bool, total: bool) -> None:
+        self.intervals += 1
+        self._count(end - start, exposed, total)
+
+    def _count(self, seconds: float, exposed: bool, total: bool) -> None:
+        seconds = max(seconds, 0.0)
+        self.exposed += seconds if exposed else 0.0
+        self.total += seconds if total else 0.0
+
+    def resolve(self) -> None:
+        """Fold in whatever is still pending (nothing: host times are added as taken)."""
+
+    def clear(self) -> None:
+        self.exposed = self.total = 0.0
+        self.intervals = 0
+
+
+class CudaEventTimer(HostTimer):
+    """Collective times on one CUDA device's clock, from CUDA events (``cuda_events`` in
+    :attr:`Comm.timing`; module docstring).
+
+    A mark is an event recorded on a stream of ``device``; :meth:`add` queues the pair and
+    :meth:`resolve` synchronizes the device once and counts every queued pair's elapsed time,
+    so timing adds no synchronize per collective."""
+
+    name = "cuda_events"
+
+    def __init__(self, device):
+        super().__init__()
+        self.device = torch.device(device)
+        self._queued: List[tuple] = []
+        self._idle = torch.cuda.Stream(self.device)  # holds only end marks (``now``)
+
+    def now(self, stream_ordered: bool = True):
+        """An event recorded now. ``stream_ordered``: on the current stream — the one the
+        rank's kernels run on, or, inside an NCCL future's callback, the stream it hands over,
+        which has waited for the collective. Otherwise (a collective whose completion the host
+        has just seen, such as gloo's) on an empty stream of the timer's own, so the event
+        marks this moment and not the end of the kernels queued on the current stream."""
+        stream = torch.cuda.current_stream(self.device) if stream_ordered else self._idle
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def add(self, start, end, exposed: bool, total: bool) -> None:
+        self.intervals += 1
+        self._queued.append((start, end, exposed, total))
+
+    def resolve(self) -> None:
+        if not self._queued:
+            return
+        torch.cuda.synchronize(self.device)
+        queued, self._queued = self._queued, []
+        for start, end, exposed, total in queued:
+            self._count(start.elapsed_time(end) / 1e3, exposed, total)
+
+    def clear(self) -> None:
+        super().clear()
+        self._queued.clear()
+
+
+def _cuda_device(tensors) -> Optional[torch.device]:
+    """The CUDA device of the first CUDA tensor among ``tensors`` (None: all on the host)."""
+    return next((t.device for t in tensors if t.device.type == "cuda"), None)
+
+
+class _Flight:
+    """One issued collective's time from ``start`` (marked before the issue) to its end,
+    marked by its future's callback (:meth:`land`) or, failing that, when it is waited for;
+    the first mark stands (the callback may run on a backend thread)."""
+
+    def __init__(self, timer: HostTimer, start, stream_ordered: bool):
+        self.timer, self.start, self.stream_ordered = timer, start, stream_ordered
+        self.end = None
+        self._lock = threading.Lock()
+
+    def land(self, fut=None) -> None:
+        with self._lock:
+            if self.end is None:
+                self.end = self.timer.now(self.stream_ordered)
+
+    def close(self) -> None:
+        self.land()
+        self.timer.add(self.start, self.end, exposed=False, total=True)
+
+
 class Comm:
     """Counted collectives over the axes of one :class:`ProcessGrid`."""
 
@@ -247,8 +387,8 @@ class Comm:
         self.bytes: Dict[Tuple[str, str], int] = defaultdict(int)
         self.padded: Dict[Tuple[str, str], int] = defaultdict(int)
         self.messages: Dict[Tuple[str, str], int] = defaultdict(int)
-        self.seconds = 0.0        # exposed: blocked in a collective or a wait
-        self.total_seconds = 0.0  # every collective from issue to completion
+        self._host = HostTimer()
+        self._cuda: Dict[torch.device, CudaEventTimer] = {}
 
     # ------------------------------------------------------------ bookkeeping
     @contextmanager
@@ -273,44 +413,85 @@ class Comm:
         return sum(self.bytes.values())
 
     def reset(self) -> Tuple[int, Dict, float]:
-        """Return (total bytes, per-(axis, phase) bytes, seconds) and zero the counters."""
+        """Return (total bytes, per-(axis, phase) bytes, exposed seconds) and zero the
+        counters."""
         out = (self.total_bytes(), dict(self.bytes), self.seconds)
         self.bytes.clear()
         self.padded.clear()
         self.messages.clear()
-        self.seconds = self.total_seconds = 0.0
+        for timer in self._timers():
+            timer.clear()
         return out
 
+    # ------------------------------------------------------------ timing
+    def _timers(self) -> List[HostTimer]:
+        return [self._host, *self._cuda.values()]
+
+    def _resolved(self) -> List[HostTimer]:
+        for timer in self._timers():
+            timer.resolve()
+        return self._timers()
+
+    @property
+    def seconds(self) -> float:
+        """Exposed seconds since the last reset (module docstring); reading them resolves the
+        CUDA events recorded since (one synchronize per device that has any)."""
+        return sum(t.exposed for t in self._resolved())
+
+    @property
+    def total_seconds(self) -> float:
+        """Every collective's seconds from issue to completion since the last reset (read as
+        :attr:`seconds` is)."""
+        return sum(t.total for t in self._resolved())
+
+    @property
+    def timing(self) -> str:
+        """What the seconds since the last reset were measured with: ``host``,
+        ``cuda_events``, both joined by ``+``, or ``none`` when no collective was timed."""
+        names = sorted({t.name for t in self._timers() if t.intervals})
+        return "+".join(names) or "none"
+
+    def _timer(self, tensors) -> HostTimer:
+        """The timer for a collective on ``tensors``: CUDA events for CUDA tensors, else the
+        host clock."""
+        device = _cuda_device(tensors)
+        if device is None:
+            return self._host
+        if device not in self._cuda:
+            self._cuda[device] = CudaEventTimer(device)
+        return self._cuda[device]
+
     @contextmanager
-    def _timed(self):
-        t = time.perf_counter()
+    def _exposed(self, timer: HostTimer):
+        start = timer.now()
         try:
             yield
         finally:
-            self.seconds += time.perf_counter() - t
+            timer.add(start, timer.now(), exposed=True, total=False)
 
     def _run(self, what: str, tensors, group, call):
-        t0 = time.perf_counter()
+        """Run a blocking collective: all of its time is exposed."""
+        timer = self._timer(tensors)
+        start = timer.now()
         out = _collective(what, tensors, group, self.phase, call)
-        self.total_seconds += time.perf_counter() - t0
+        timer.add(start, timer.now(), exposed=True, total=True)
         return out
 
     def _start(self, what: str, tensors, group, call, finish) -> "Pending":
-        """Issue ``call`` (an ``async_op=True`` collective) and return its :class:`Pending`."""
-        t0 = time.perf_counter()
-        with self._timed():
+        """Issue ``call`` (an ``async_op=True`` collective) and return its :class:`Pending`.
+        The collective's end is marked by its future's callback: on the stream that callback
+        is handed where the backend's future completes at the enqueue (NCCL), on the host's
+        moment where it completes when the data has arrived (gloo, MPI)."""
+        timer = self._timer(tensors)
+        stream_ordered = _stream_ordered(group, tensors)
+        flight = _Flight(timer, timer.now(), stream_ordered)
+        with self._exposed(timer):
             work = _collective(what, tensors, group, self.phase, call)
-        pending = Pending(self, work, finish)
-
-        def done(fut):
-            pending.done_at = time.perf_counter()
-            return fut
         try:
-            work.get_future().then(done)
-        except (AttributeError, RuntimeError):  # a backend without futures: wait() times it
+            work.get_future().then(flight.land)
+        except (AttributeError, RuntimeError):  # a backend without futures: wait() marks it
             pass
-        pending.issued_at = t0
-        return pending
+        return Pending(self, work, finish, flight)
 
     def _wire(self, t: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """``t`` as it travels: in the wire dtype when one is set and ``t`` is a floating
@@ -335,9 +516,8 @@ class Comm:
         w = self._wire(t, exact)
         if ranks[root_index] == self.grid.rank:
             self._count(axes, w.numel() * w.element_size() * (len(ranks) - 1), len(ranks) - 1)
-        with self._timed():
-            src = self.grid.world_rank(ranks[root_index])
-            self._run("broadcast", [w], group, lambda: dist.broadcast(w, src=src, group=group))
+        src = self.grid.world_rank(ranks[root_index])
+        self._run("broadcast", [w], group, lambda: dist.broadcast(w, src=src, group=group))
         if w is not t:
             t.copy_(w)
         return t
@@ -350,8 +530,7 @@ class Comm:
             return t
         me = ranks.index(self.grid.rank)
         self._count(axes, 2 * (t.numel() - _chunk(t.numel(), g, me)) * t.element_size(), 2 * (g - 1))
-        with self._timed():
-            self._run("all_reduce", [t], group, lambda: dist.all_reduce(t, op=op, group=group))
+        self._run("all_reduce", [t], group, lambda: dist.all_reduce(t, op=op, group=group))
         return t
 
     def all_gather(self, t: torch.Tensor, axes, sizes: Optional[Sequence[int]] = None,
@@ -458,9 +637,8 @@ class Pending:
     """A collective in flight: ``wait()`` blocks until it is done (that wait counted as
     exposed time) and returns its result, once."""
 
-    def __init__(self, comm: Optional[Comm], work, finish):
-        self.comm, self.work, self.finish = comm, work, finish
-        self.issued_at = self.done_at = None
+    def __init__(self, comm: Optional[Comm], work, finish, flight: Optional[_Flight] = None):
+        self.comm, self.work, self.finish, self.flight = comm, work, finish, flight
         self._result, self._waited = None, False
 
     @classmethod
@@ -476,9 +654,8 @@ class Pending:
     def wait(self):
         if not self._waited:
             if self.work is not None:
-                with self.comm._timed():
+                with self.comm._exposed(self.flight.timer):
                     self.work.wait()
-                end = self.done_at if self.done_at is not None else time.perf_counter()
-                self.comm.total_seconds += end - self.issued_at
+                self.flight.close()
             self._result, self._waited = self.finish(), True
         return self._result

@@ -4,12 +4,15 @@ NCCL refuses two ranks on one GPU, so multi-rank CUDA runs use gloo with CUDA te
 NCCL runs at world size 1 (and at 2+ where there are that many GPUs).
 """
 import importlib.util
+import time
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
-from gnnpar.kernels.comm import AUDIT_ENV, device_routes
+from gnnpar.kernels.comm import AUDIT_ENV, Comm, device_routes
+from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.models import GNN
 from gnnpar.serial import SerialRuntime
 from gnnpar.spawn import spawn
@@ -18,6 +21,7 @@ from gnnpar.trainer import TrainConfig, fit
 from .dist_cases import equivalence_many
 from .test_pipeline import serial_losses
 from .test_comm_rule import check_finals, every_mode_body, records_of
+from .test_comm_timing import check_records, check_slow_peer, fit_body, slow_peer_body
 from .graphs import random_graph
 
 pytestmark = [pytest.mark.cuda,
@@ -198,3 +202,60 @@ def test_every_algorithm_through_triton_world_1(monkeypatch):
     from gnnpar.kernels import triton_spmm
     monkeypatch.setenv(triton_spmm.ENV, "triton")
     check(spawn(_nccl_body, 1, backend="nccl", timeout_s=240))
+
+
+def test_cuda_event_timer_counts_a_late_peer_to_completion():
+    """CUDA tensors on gloo (two ranks on one GPU): the CUDA event timer gives the late peer's
+    wait as the host timer does (tests/test_comm_timing.py)."""
+    check_slow_peer(spawn(slow_peer_body, 2, args=("cuda",), backend="cuda:gloo",
+                          timeout_s=180)[0], "cuda_events")
+
+
+def test_fit_on_cuda_logs_cuda_event_timing():
+    for records in spawn(fit_body, 2, args=("cuda",), backend="cuda:gloo", timeout_s=180):
+        check_records(records, "cuda_events")
+
+
+def _sleep_cycles(seconds: float) -> int:
+    """Cycles of ``torch.cuda._sleep`` that take about ``seconds`` on this GPU."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10 ** 7)
+    end.record()
+    torch.cuda.synchronize()
+    return int(10 ** 7 * seconds / (start.elapsed_time(end) / 1e3))
+
+
+def _nccl_late_body(rank, world):
+    """One rank on NCCL: the collective's stream first waits for a sleep kernel on another
+    stream (a peer arriving late). NCCL's wait() does not block the host and its future
+    completes at the enqueue, so the host sees almost nothing; the events see the collective
+    end and the current stream wait for it."""
+    comm = Comm(ProcessGrid.create({"row": world}))
+    x = torch.ones(1024, device="cuda")
+    dist.all_reduce(x)  # NCCL's communicator is made at its first collective
+    cycles = _sleep_cycles(0.3)
+    late = torch.cuda.Stream()
+
+    def issue():
+        with torch.cuda.stream(late):
+            torch.cuda._sleep(cycles)
+            return dist.all_reduce(x, async_op=True)
+    t0 = time.perf_counter()
+    comm._start("all_reduce", [x], None, issue, lambda: x).wait()
+    host_s = time.perf_counter() - t0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(late)
+    torch.cuda._sleep(cycles)
+    end.record(late)
+    torch.cuda.synchronize()
+    return comm.seconds, comm.total_seconds, comm.timing, host_s, start.elapsed_time(end) / 1e3
+
+
+def test_nccl_collective_timed_to_its_end_not_its_enqueue():
+    exposed, total, timing, host_s, late_s = spawn(_nccl_late_body, 1, backend="nccl",
+                                                   timeout_s=180)[0]
+    assert timing == "cuda_events"
+    assert host_s < 0.5 * late_s, (host_s, late_s)  # a host clock would read about 0
+    assert total >= 0.8 * late_s, (total, late_s)
+    assert exposed >= 0.8 * late_s, (exposed, late_s)  # the current stream waited for it
