@@ -6,13 +6,15 @@
     bash scripts/bench_dgl.sh                 # the same through the wrapper
     python scripts/bench_dgl.py --dry-run        # what it would run
     python scripts/bench_dgl.py --measures step --scales 16 --rounds 1 --venv /tmp/gnnpar-dgl-venv
+    python scripts/bench_dgl.py --measures train --train-scales 17    # mini-batch GraphSAGE epochs
 
 DGL is never a gnnpar dependency: it lives in a side venv (torch 2.2.1, the newest DGL 2.1.0
 supports) and runs as a subprocess (``scripts/bench_dgl_side.py``, one per scale, JSON lines
-over stdin/stdout); gnnpar runs in this interpreter. Each ``rmat:scale=S,ef=16`` graph is
-built once by gnnpar and exported to an .npz in a temporary folder (CSR, 128-wide features,
-labels, train mask), which the DGL side reads. Round r runs every measure on gnnpar, then on
-DGL, so load from other processes hits both alike; the medians over ``--rounds`` are reported.
+over stdin/stdout); gnnpar runs in this interpreter (``train``: a ``gnnpar-train`` process
+per round). Each ``rmat:scale=S,ef=16`` graph is built once by gnnpar and exported to an .npz
+in a temporary folder (CSR, 128-wide features, labels, train mask), which the DGL side reads.
+Round r runs every measure on gnnpar, then on DGL, so load from other processes hits both
+alike; the medians over ``--rounds`` are reported.
 
 Measures (``--measures``):
 
@@ -30,12 +32,46 @@ Measures (``--measures``):
   service does, ``FeatureStore.fetch`` of the macrobatch's union, then
   ``MacroFeatures.gather_all`` (one compiled pass per macrobatch, ``gnnpar.sampling.
   row_gather``); DGL: ``torch.index_select`` of each minibatch's ``input_nodes``.
+- ``train``: one mini-batch training epoch end to end, on ``--train-scales``: GraphSAGE
+  (mean), ``--fanouts`` (input layer first), batch ``--batch-size``, 3 layers, hidden 256,
+  dropout 0.5, Adam (lr 0.01, weight decay 5e-4), every training seed once an epoch:
+  sampling, the feature gather, forward, backward and the step. ``--epochs`` epochs per
+  round; the first epoch of each round is a warm-up, the figure is the median of the
+  others. Both sides get ``--train-threads`` threads in all (default 2):
 
-Ratio column: gnnpar/DGL time for the step (< 1: gnnpar faster), gnnpar/DGL throughput for
-sampling (> 1: gnnpar faster). The last line is JSON with every number. Mind the load average
-printed at start and end: with more runnable threads than cores, DGL's multi-threaded
-(OpenMP) sampling collapses (5-30 mb/s instead of 150 on 2 busy cores, fused or not), which
-inflates the 2-thread sampling ratios; the 1-thread ones and the step suffer far less.
+  - gnnpar: a plain ``gnnpar-train --mode minibatch --model sage --layers 3 --hidden 256
+    --fanouts 15,10,5 --batch-size 1024 --dropout 0.5 --device cpu`` process per round on the
+    same graph (built from the same spec, through a dataset cache in the temporary folder),
+    with ``--sampler-workers W`` (``--train-sampler-workers``, default 1: one sampler thread
+    that samples, gathers the input features and builds the blocks of the next minibatches
+    while the trainer steps) and ``--threads T - W`` (the trainer's torch ops and compiled
+    SpMM: 1 thread by default); ``--gnnpar-flags`` adds flags (e.g. ``--macrobatch 4``; the
+    CLI's defaults otherwise: macrobatch 1, prefetch 2). The epoch time is the log's
+    ``train_s`` (steps only). What differs: ``gnnpar-train`` has no flag to skip evaluation,
+    so after each epoch it evaluates (full-graph inference, not in ``train_s``), and during
+    that evaluation its sampler thread already prepares up to ``--prefetch`` macrobatches of
+    the next epoch, which that epoch then finds ready. The report bounds that head start
+    per epoch by the epoch's ``sampler_s`` × min(1, prefetch·K / steps) and gives the ratio
+    with the bound added to gnnpar's time. gnnpar splits the seeds into
+    ceil(seeds / batch) minibatches of equal size, DGL into full batches and a smaller last
+    one: the same step count.
+  - DGL: its own loop in the side venv (``bench_dgl_side.py``'s ``train``): ``NeighborSampler``
+    + ``DataLoader`` with ``num_workers=0``, so sampling and training take turns in one thread
+    of control; both use the T threads (DGL's OpenMP pool for sampling, T torch threads for
+    the dense ops). No evaluation.
+
+Ratio column: gnnpar/DGL time for the step and the training epoch (< 1: gnnpar faster),
+gnnpar/DGL throughput for sampling (> 1: gnnpar faster). For ``train`` it also gives the
+spread of the per-round ratios and of the epoch-to-epoch ratios (gnnpar epoch k / DGL epoch
+k of the same round, k ≥ 2), and each side's per-epoch times are printed per round with the
+load average. The last line is JSON with every number.
+
+Mind the load average, printed at start and end (and per round for ``train``): with more
+runnable threads than cores, work split over an OpenMP pool stalls at every barrier: DGL's
+multi-threaded sampling (fused or not) and any op on 2 torch threads, DGL's training step
+included, run many times slower. Such a load inflates the 2-thread sampling ratios and the
+training-epoch ratio (gnnpar's trainer runs on one torch thread); the 1-thread ones suffer
+far less. Take figures of record on an otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -52,28 +88,33 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)  # run from a checkout without installing
 sys.path.insert(0, HERE)
 
 import bench_sampling  # noqa: E402  (its throughput loop: _worker, _run_variant)
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
 from gnnpar.models import build_model  # noqa: E402
+from gnnpar.options import parser_defaults  # noqa: E402
 from gnnpar.sampling import (BulkSampler, FeatureStore, NeighborSampler,  # noqa: E402
                              SamplerConfig, Topology)
 from gnnpar.serial import SerialRuntime  # noqa: E402
 from gnnpar.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
 
 DEFAULT_VENV = os.environ.get("GNNPAR_DGL_VENV", "/tmp/gnnpar-dgl-venv")
+TRAIN_HIDDEN, TRAIN_DROPOUT = 256, 0.5  # the mini-batch training comparison's model (issue 22)
+MEASURES = ("step", "sample", "gather", "train")
 SIDE = os.path.join(HERE, "bench_dgl_side.py")
 
 
 # ---------------------------------------------------------------- gnnpar side (this process)
 class GnnparSide:
-    def __init__(self, scale, ef, args):
+    def __init__(self, scale, ef, args, tmp):
         t0 = time.perf_counter()
-        self.graph = load_dataset(f"rmat:scale={scale},ef={ef}")
-        self.args, self._rt, self._topo = args, None, None
+        self.spec, self.cache = f"rmat:scale={scale},ef={ef}", os.path.join(tmp, "cache")
+        self.graph = load_dataset(self.spec, cache_dir=self.cache)
+        self.args, self._rt, self._topo, self.tmp = args, None, None, tmp
         g = self.graph
         perm = np.random.default_rng(0).permutation(np.flatnonzero(g.train_mask))
         b = args.batch_size
@@ -136,6 +177,47 @@ class GnnparSide:
         return {"mb_s": mb_s, "edges_per_mb": per_mb}
 
 
+    def train(self, epochs, threads, workers, extra):
+        """One ``gnnpar-train`` process of ``epochs`` mini-batch epochs; each epoch's
+        ``train_s`` from its ``--log-json``."""
+        a = self.args
+        log = os.path.join(self.tmp, "gnnpar-train.jsonl")
+        cmd = [sys.executable, "-m", "gnnpar.train", "--mode", "minibatch", "--dataset",
+               self.spec, "--cache-dir", self.cache, "--model", "sage", "--layers",
+               str(len(a.fanouts)), "--hidden", str(TRAIN_HIDDEN), "--fanouts",
+               ",".join(map(str, a.fanouts)), "--batch-size", str(a.batch_size), "--dropout",
+               str(TRAIN_DROPOUT), "--epochs", str(epochs), "--device", "cpu", "--threads",
+               str(threads - workers), "--sampler-workers", str(workers), "--log-json", log,
+               "--quiet"] + extra
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads - workers), CUDA_VISIBLE_DEVICES="",
+                   PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get(
+                       "PYTHONPATH")] if p]))
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited with {res.returncode}:\n{res.stderr}")
+        recs = [json.loads(line) for line in open(log)]
+        epochs_ = [r for r in recs if "train_s" in r and not r.get("final")]
+        # Macrobatches the sampler may have made ready during the previous epoch's
+        # evaluation: at most --prefetch of them, K minibatches each.
+        ahead = flag_value(extra, "--prefetch", parser_defaults()["prefetch"]) * (
+            flag_value(extra, "--macrobatch", parser_defaults()["macrobatch"] or 1))
+        head = [0.0] + [r["sampler_s"] * min(1.0, ahead / max(r["steps"], 1))
+                        for r in epochs_[1:]]
+        return {"epochs_s": [r["train_s"] for r in epochs_], "steps": epochs_[-1]["steps"],
+                "loss": epochs_[-1]["loss"], "head_start_s": head, "ready_ahead": ahead,
+                "cmd": " ".join(cmd[1:])}
+
+
+def flag_value(flags, name, default) -> int:
+    """The integer value of ``name`` in a gnnpar-train argument list, else ``default``."""
+    for i, f in enumerate(flags):
+        if f == name and i + 1 < len(flags):
+            return int(flags[i + 1])
+        if f.startswith(name + "="):
+            return int(f.split("=", 1)[1])
+    return int(default)
+
+
 # ---------------------------------------------------------------- DGL side (subprocess)
 class DglSide:
     def __init__(self, venv, npz, threads):
@@ -173,6 +255,16 @@ def plan(args):
             rows.append((f"step_s{s}_t{t}", f"full-batch step, scale {s}, {t} threads", s,
                          ("step", dict(threads=t, warmup=args.warmup, steps=args.steps)),
                          dict(measure="step", threads=t, warmup=args.warmup, steps=args.steps)))
+    if "train" in args.measures:
+        t, w = args.train_threads, args.train_sampler_workers
+        for s in args.train_scales:
+            rows.append((f"train_s{s}_t{t}", f"mini-batch SAGE epoch [{fan}] b{args.batch_size}, "
+                         f"scale {s}, {t} threads", s,
+                         ("train", dict(epochs=args.epochs, threads=t, workers=w,
+                                        extra=args.gnnpar_flags.split())),
+                         dict(measure="train", threads=t, epochs=args.epochs,
+                              fanouts=list(args.fanouts), batch_size=args.batch_size,
+                              hidden=TRAIN_HIDDEN, dropout=TRAIN_DROPOUT)))
     for s in args.sample_scales:
         for t in args.threads:
             for gather in [g for g in (False, True)
@@ -190,15 +282,73 @@ def plan(args):
     return rows
 
 
+#: the figure of each measure's result: seconds (step, train epoch) or minibatches/s
+VALUE = {"step": "step_s", "sample": "mb_s", "train": "epoch_s"}
+
+
+def timed_epochs(out: dict) -> list:
+    """A train result's timed epochs: all but the first (the warm-up), or the only one."""
+    return out["epochs_s"][1:] or out["epochs_s"]
+
+
+def report_train_round(r, label, ours, theirs) -> None:
+    """Set ``epoch_s`` (median of the timed epochs) and ``load`` on both sides' results of
+    round ``r`` and print their epoch times."""
+    load = os.getloadavg()[0]
+    for out in (ours, theirs):
+        out["epoch_s"], out["load"] = statistics.median(timed_epochs(out)), load
+    ours["head_start_max_s"] = max(timed_epochs({"epochs_s": ours["head_start_s"]}))
+    fmt = lambda out: " ".join(f"{t:.3f}" for t in out["epochs_s"])  # noqa: E731
+    print(f"round {r}: {label}: epochs (s; the first a warm-up) gnnpar [{fmt(ours)}] "
+          f"({ours['steps']} steps) DGL [{fmt(theirs)}] ({theirs['steps']} steps); medians "
+          f"{ours['epoch_s']:.3f} / {theirs['epoch_s']:.3f} = "
+          f"{ours['epoch_s'] / theirs['epoch_s']:.2f}; gnnpar's head start (sampling during "
+          f"the previous epoch's evaluation, {ours['ready_ahead']} minibatches ready at most) "
+          f"<= {ours['head_start_max_s']:.3f} s an epoch; load average {load:.2f}", flush=True)
+
+
+def train_spread(runs: dict) -> dict:
+    """How the train ratio varies: over rounds (ratio of the round medians) and from epoch to
+    epoch (gnnpar epoch k / DGL epoch k of the same round, timed epochs only), and each
+    side's timed epochs relative to its median."""
+    rounds = [g["epoch_s"] / d["epoch_s"] for g, d in zip(runs["gnnpar"], runs["dgl"])]
+    epochs = [a / b for g, d in zip(runs["gnnpar"], runs["dgl"])
+              for a, b in zip(timed_epochs(g), timed_epochs(d))]
+    out = {"round_ratios": rounds, "round_ratio_min": min(rounds),
+           "round_ratio_max": max(rounds), "epoch_ratios": epochs,
+           "epoch_ratio_min": min(epochs), "epoch_ratio_max": max(epochs),
+           "load": statistics.median(g["load"] for g in runs["gnnpar"]),
+           "gnnpar_head_start_max_s": max(g["head_start_max_s"] for g in runs["gnnpar"])}
+    for side in ("gnnpar", "dgl"):
+        times = [t for o in runs[side] for t in timed_epochs(o)]
+        med = statistics.median(times)
+        out[f"{side}_epoch_spread"] = [min(times) / med - 1, max(times) / med - 1]
+    return out
+
+
 def print_table(rows, res):
     print("\n| measure | gnnpar | DGL 2.1.0 | ratio |\n|---|---|---|---|")
     for key, label, *_ in rows:
         r = res[key]
         if key.startswith("step"):
             cells = f"{r['gnnpar']:.3f} s | {r['dgl']:.3f} s | {r['ratio']:.2f}× time"
+        elif key.startswith("train"):
+            cells = (f"{r['gnnpar']:.3f} s | {r['dgl']:.3f} s | {r['ratio']:.2f}× time "
+                     f"(rounds {r['round_ratio_min']:.2f}–{r['round_ratio_max']:.2f}, epochs "
+                     f"{r['epoch_ratio_min']:.2f}–{r['epoch_ratio_max']:.2f}; load "
+                     f"{r['load']:.2f})")
         else:
             cells = f"{r['gnnpar']:.1f} mb/s | {r['dgl']:.1f} mb/s | {r['ratio']:.2f}× throughput"
         print(f"| {label} | {cells} |")
+    for key, label, *_ in rows:
+        if key.startswith("train"):
+            r = res[key]
+            g, d = r["gnnpar_epoch_spread"], r["dgl_epoch_spread"]
+            print(f"{label}: timed epochs vs each side's median: gnnpar {g[0]:+.1%} to "
+                  f"{g[1]:+.1%}, DGL {d[0]:+.1%} to {d[1]:+.1%}; gnnpar's head start from "
+                  f"sampling during evaluation <= {r['gnnpar_head_start_max_s']:.3f} s an "
+                  f"epoch (ratio <= {(r['gnnpar'] + r['gnnpar_head_start_max_s']) / r['dgl']:.2f}"
+                  " without it)")
 
 
 def main(argv=None) -> int:
@@ -213,13 +363,25 @@ def main(argv=None) -> int:
     p.add_argument("--ef", type=int, default=16, help="rmat edge factor")
     p.add_argument("--threads", type=ints, default=[2, 1],
                    help="thread counts of sampling; the step runs at the first")
-    p.add_argument("--measures", default="step,sample,gather", help="of step, sample, gather")
+    p.add_argument("--measures", default="step,sample,gather",
+                   help="comma list of step, sample, gather, train")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (median)")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds per sampling run")
     p.add_argument("--fanouts", type=ints, default=[15, 10, 5], help="input layer first")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--macrobatch", type=int, default=4, help="gnnpar bulk sampler's K")
+    p.add_argument("--train-scales", type=ints, default=[17],
+                   help="rmat scales of the mini-batch training epoch (--measures train)")
+    p.add_argument("--epochs", type=int, default=5,
+                   help="train: epochs per round and side; the first is a warm-up")
+    p.add_argument("--train-threads", type=int, default=2,
+                   help="train: threads in all on each side (gnnpar: trainer + samplers)")
+    p.add_argument("--train-sampler-workers", type=int, default=1,
+                   help="train: gnnpar's sampler threads out of --train-threads")
+    p.add_argument("--gnnpar-flags", default="",
+                   help="train: more gnnpar-train flags, space-separated (e.g. "
+                        "'--macrobatch 4'); they change only gnnpar's side")
     p.add_argument("--json", default=None, help="also write the JSON result to PATH")
     p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     args = p.parse_args(argv)
@@ -227,8 +389,11 @@ def main(argv=None) -> int:
         return subprocess.call(["bash", os.path.join(HERE, "bench_dgl.sh"), "--setup",
                                 "--venv", args.venv])
     args.measures = set(args.measures.split(","))
-    if args.measures - {"step", "sample", "gather"}:
-        p.error(f"unknown measures {sorted(args.measures - {'step', 'sample', 'gather'})}")
+    if args.measures - set(MEASURES):
+        p.error(f"unknown measures {sorted(args.measures - set(MEASURES))}")
+    if "train" in args.measures and not (
+            0 < args.train_sampler_workers < args.train_threads and args.epochs >= 1):
+        p.error("train needs 0 < --train-sampler-workers < --train-threads and --epochs >= 1")
     if not {"sample", "gather"} & args.measures:
         args.sample_scales = []
     rows = plan(args)
@@ -256,10 +421,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gnnpar-bench-dgl-") as tmp:
         try:
             for s in scales:
-                gp[s] = GnnparSide(s, args.ef, args)
+                gp[s] = GnnparSide(s, args.ef, args, tmp)
                 npz = os.path.join(tmp, f"graph-s{s}.npz")
                 gp[s].export(npz)
-                dg[s] = DglSide(args.venv, npz, max(args.threads))
+                dg[s] = DglSide(args.venv, npz, max(args.threads + [args.train_threads]))
                 ours, theirs = gp[s].check(8), np.asarray(dg[s](measure="check", rows=8)["rows"])
                 err = float(np.abs(ours - theirs).max())
                 print(f"scale {s}: {dg[s].hello}; Â·x rows gnnpar vs DGL max |diff| {err:.2e}",
@@ -276,7 +441,10 @@ def main(argv=None) -> int:
                         dgl_done[tag] = dg[s](**req)
                     runs[key]["gnnpar"].append(out)
                     runs[key]["dgl"].append(dgl_done[tag])
-                    v = "step_s" if fn == "step" else "mb_s"
+                    if fn == "train":
+                        report_train_round(r, label, out, dgl_done[tag])
+                        continue
+                    v = VALUE[fn]
                     print(f"round {r}: {label}: gnnpar {out[v]:.3f}  DGL {dgl_done[tag][v]:.3f} "
                           f"{'s' if fn == 'step' else 'mb/s'}"
                           + ("" if fn == "step" else f"  (edges/mb {out['edges_per_mb']:.0f} vs "
@@ -286,11 +454,13 @@ def main(argv=None) -> int:
                 side.close()
     res = {}
     for key, label, s, (fn, kw), req in rows:
-        v = "step_s" if fn == "step" else "mb_s"
+        v = VALUE[fn]
         a = statistics.median(o[v] for o in runs[key]["gnnpar"])
         b = statistics.median(o[v] for o in runs[key]["dgl"])
         res[key] = {"label": label, "gnnpar": a, "dgl": b, "ratio": a / b, "unit": v,
                     "rounds": runs[key]}
+        if fn == "train":
+            res[key].update(train_spread(runs[key]))
     print_table(rows, res)
     load1 = os.getloadavg()[0]
     print(f"load average {load0:.2f} at start, {load1:.2f} at end"

@@ -3,6 +3,7 @@
 #
 #   bash scripts/bench_dgl.sh --setup [--venv PATH]   # build the side venv (torch 2.2.1 + dgl 2.1.0)
 #   bash scripts/bench_dgl.sh [bench_dgl.py flags]    # run the benchmark in the current python
+#   bash scripts/bench_dgl.sh --measures train         # mini-batch GraphSAGE epochs, end to end
 #
 # The side venv defaults to /tmp/gnnpar-dgl-venv (or $GNNPAR_DGL_VENV). It needs a CPython 3.11
 # ($PYTHON, default python3.11): dgl 2.1.0's wheels are per-version and it supports torch <= 2.2.1.

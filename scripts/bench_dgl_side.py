@@ -12,8 +12,20 @@ its columns, no self loops), ``x`` (n, f) float32, ``y`` (n,) int64, ``train_mas
     {"measure": "sample", "threads": 2, "gather": false, "seconds": 3,
      "fanouts": [15, 10, 5], "batch_size": 1024[, "fused": true]}
                                                            -> {"mb_s", "edges_per_mb", ...}
+    {"measure": "train", "threads": 2, "epochs": 5, "fanouts": [15, 10, 5],
+     "batch_size": 1024, "hidden": 256, "dropout": 0.5}    -> {"epochs_s": [...], "steps", ...}
 
 ``fanouts`` are in DGL's own order (input layer first, as NeighborSampler takes them).
+
+``train`` is DGL's own mini-batch loop (as in DGL's GraphSAGE example): ``NeighborSampler``
+(without replacement, its fused kernel) and ``DataLoader`` (shuffled train ids, batch
+``batch_size``, the last batch smaller, ``num_workers=0``: sampling runs in this thread,
+between the steps, on DGL's OpenMP pool of ``threads``), the features of each minibatch's
+input nodes by indexing, ``len(fanouts)`` × ``SAGEConv('mean')`` with dropout before every
+layer and ReLU between (gnnpar's ``GNN("sage", ...)``; SAGEConv, like gnnpar, aggregates at
+the narrower width), mean cross-entropy of the seeds, backward, Adam (lr 0.01, weight decay
+5e-4) with ``threads`` torch threads; no evaluation. Each epoch's wall time, from the first
+batch's sampling to the last step.
 """
 import json
 import os
@@ -26,7 +38,7 @@ import torch
 from torch.nn import functional as F
 
 import dgl
-from dgl.nn import GraphConv
+from dgl.nn import GraphConv, SAGEConv
 
 HIDDEN, LAYERS, DROPOUT, LR, WEIGHT_DECAY = 256, 3, 0.5, 0.01, 5e-4  # gnnpar's defaults
 
@@ -56,6 +68,25 @@ class GCN(torch.nn.Module):
         return h
 
 
+class SAGE(torch.nn.Module):
+    """gnnpar's GraphSAGE in DGL: dropout before every layer, ReLU between, mean aggregation
+    plus a root term (SAGEConv 'mean': fc_neigh(mean of sources) + fc_self(dst) + bias)."""
+
+    def __init__(self, f_in, hidden, f_out, layers, dropout):
+        super().__init__()
+        widths = [f_in] + [hidden] * (layers - 1) + [f_out]
+        self.dropout = dropout
+        self.layers = torch.nn.ModuleList(SAGEConv(a, b, "mean")
+                                          for a, b in zip(widths[:-1], widths[1:]))
+
+    def forward(self, blocks, h):
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, F.dropout(h, self.dropout, self.training))
+            if i < len(self.layers) - 1:
+                h = F.relu(h)
+        return h
+
+
 class Side:
     def __init__(self, path):
         d = np.load(path)
@@ -68,8 +99,8 @@ class Side:
         self.g.create_formats_()
         self.x = torch.from_numpy(d["x"])
         self.y = torch.from_numpy(d["y"])
-        self.train = torch.from_numpy(d["train_mask"])
-        self.train_ids = torch.nonzero(self.train).flatten()
+        self.train_mask = torch.from_numpy(d["train_mask"])
+        self.train_ids = torch.nonzero(self.train_mask).flatten()
         self.num_classes = int(d["num_classes"])
         self._gcn = None
 
@@ -92,14 +123,15 @@ class Side:
         torch.manual_seed(0)
         model = GCN(self.x.shape[1], HIDDEN, self.num_classes, LAYERS)
         opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-        count = float(self.train.sum())
+        count = float(self.train_mask.sum())
         times = []
         for i in range(req["warmup"] + req["steps"]):
             t0 = time.perf_counter()
             model.train()
             opt.zero_grad(set_to_none=True)
             out = model(g, self.x)
-            loss = F.cross_entropy(out[self.train], self.y[self.train], reduction="sum")
+            loss = F.cross_entropy(out[self.train_mask], self.y[self.train_mask],
+                                   reduction="sum")
             (loss / count).backward()
             opt.step()
             if i >= req["warmup"]:
@@ -132,6 +164,35 @@ class Side:
         mbs, edges, inputs = one_pass(t0 + req["seconds"])
         dt = time.perf_counter() - t0
         return {"mb_s": mbs / dt, "edges_per_mb": edges / mbs, "inputs_per_mb": inputs / mbs}
+
+
+    def train(self, req):
+        torch.manual_seed(0)
+        fanouts = list(req["fanouts"])
+        model = SAGE(self.x.shape[1], req.get("hidden", HIDDEN), self.num_classes, len(fanouts),
+                     req.get("dropout", DROPOUT))
+        opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        sampler = dgl.dataloading.NeighborSampler(fanouts)
+        loader = dgl.dataloading.DataLoader(self.g, self.train_ids, sampler,
+                                            batch_size=req["batch_size"], shuffle=True,
+                                            drop_last=False, num_workers=0)
+        times, steps = [], 0
+        for _ in range(req["epochs"]):
+            model.train()
+            steps = 0
+            loss_sum = 0.0
+            t0 = time.perf_counter()
+            for input_nodes, output_nodes, blocks in loader:
+                x = self.x[input_nodes]
+                y = self.y[output_nodes]
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(blocks, x), y)
+                loss.backward()
+                opt.step()
+                steps += 1
+                loss_sum += loss.detach()
+            times.append(time.perf_counter() - t0)
+        return {"epochs_s": times, "steps": steps, "loss": float(loss_sum) / max(steps, 1)}
 
 
 def main():

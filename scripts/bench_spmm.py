@@ -1,30 +1,61 @@
 #!/usr/bin/env python
-"""Local SpMM: gnnpar's kernels against torch.sparse.mm.
+"""Local SpMM: gnnpar's kernels against torch's, each writing into a reused output.
 
     python scripts/bench_spmm.py                                   # CPU: rmat:scale=16,ef=16, 2 threads
     python scripts/bench_spmm.py --dataset rmat:scale=17,ef=16 --widths 64,256 --threads 1,2
+    python scripts/bench_spmm.py --size-rule                       # CPU: the size rule's sweep
     python scripts/bench_spmm.py --device cuda --dataset rmat:scale=20,ef=16   # Triton vs cuSPARSE
     python scripts/bench_spmm.py --device cuda --sweep    # + every Triton tile, and rows unsorted
 
-Â·H with the GCN-normalised Â of the dataset, H (n, f), for each width f: on the CPU the
-compiled kernel (kernels/cpu_spmm.py) for each thread count, fp32; on CUDA the Triton kernel
-(kernels/triton_spmm.py) against cuSPARSE, with H in fp32 and in bf16 (Triton: bf16 gathers,
-fp32 sums). The two run alternately, ``--repeats`` times each after a warm-up, and the medians
-are reported with their ratio (ours / torch: below 1 is faster). ``GNNPAR_SPMM=torch``
-switches gnnpar's CPU products to torch's kernel; ``GNNPAR_SPMM_GPU=triton`` its CUDA ones to
-Triton.
+Â·H with the GCN-normalised Â of the dataset, H (n, f), for each width f. The sides:
+
+- ``gnnpar``: on the CPU the compiled kernel (``kernels/cpu_spmm.py``), forced on at every
+  width (``cpu_spmm.MIN_WIDTH = MIN_WORK = 0``; column ``rule`` says which side the size rule
+  would pick for this product), for each thread count, fp32; on CUDA the Triton kernel
+  (``kernels/triton_spmm.py``), with H in fp32 and in bf16 (bf16 gathers, fp32 sums). It
+  writes into an output allocated once.
+- ``torch`` (``torch_s``): ``torch.addmm(out, A, H, beta=0, out=out)``, into an output
+  allocated once, as gnnpar's own products call torch (MKL on the CPU, cuSPARSE on CUDA). Where
+  torch refuses it (CUDA bf16 in some builds) the row says so and ``ratio`` uses the next one.
+- ``torch fresh`` (``torch_fresh_s``): ``torch.sparse.mm(A, H)``, which allocates its output
+  on every call: what a user of torch writes, for reference; not like for like.
+
+Each side runs once per round, the sides alternating, ``--repeats`` rounds after a warm-up;
+the medians are reported with ``ratio`` = gnnpar / torch (reused outputs both; below 1
+gnnpar is faster) and the 1-minute load average (``load``, :func:`os.getloadavg`) read as the
+row finished: with more runnable threads than cores every figure is noise.
+``GNNPAR_SPMM=torch`` switches gnnpar's CPU products to torch's kernel; ``GNNPAR_SPMM_GPU=triton``
+its CUDA ones to Triton.
+
+``--size-rule`` (CPU) re-derives the size rule of ``kernels/cpu_spmm.py`` (``MIN_WIDTH``,
+``MIN_WORK``: the compiled kernel serves a product at least ``MIN_WIDTH`` wide with at least
+``MIN_WORK`` = nnz·width multiply-adds, torch's ``addmm`` the rest). It sweeps ``--rule-widths``
+(default 1,4,8,16,32,64,128,256) on each graph of ``--rule-graphs`` (default rmat scales
+10, 12, 14, 16, ef 16), both sides through ``cpu_spmm.csr_mm`` as the library calls it (into a
+reused output; the rule forced to the compiled kernel on one side, to torch on the other, so
+for fp32 the torch side is ``torch.addmm(out, A, H, beta=0, out=out)``, for bf16 the widened
+copy's product rounded into ``out``, exactly the fallback). Every round visits every
+(graph, width) once, both sides back to back in alternating order; a product is repeated
+within a timing until it takes about ``--min-time`` seconds. It prints one JSON line per
+(graph, width) with the medians, which side wins and which side the current rule picks, then
+a table sorted by nnz·width, and the (MIN_WIDTH, MIN_WORK) pair among the swept values that
+loses least against always picking the faster side (mean relative excess time), beside the
+current pair's loss.
 
 ``--sweep`` (CUDA) also times every tile of ``triton_spmm.CANDIDATES`` and the default tile
 with the rows in their stored order instead of longest first, one JSON line each
 (``"variant"``), and prints the fastest tile per width and dtype: the figures behind
-``triton_spmm.config_for``. It also times two ways of calling cuSPARSE that gnnpar does not
-use yet (fp32 only): int32 indices (``cusparse-i32``) and ``torch.addmm`` with ``beta=0`` into
-a reused output (``cusparse-addmm``), each as a ratio to the ``torch.sparse.mm`` row.
+``triton_spmm.config_for``. It also times cuSPARSE with int32 indices (``cusparse-i32``) and
+``torch.addmm`` with ``beta=0`` into a reused output (``cusparse-addmm``), each as a ratio to
+a fresh-output ``torch.sparse.mm``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import statistics
 import sys
 import time
@@ -35,75 +66,129 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout wi
 
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
-from gnnpar.kernels import triton_spmm  # noqa: E402
-from gnnpar.kernels.cpu_spmm import available, csr_mm  # noqa: E402
+from gnnpar.kernels import cpu_spmm, triton_spmm  # noqa: E402
 from gnnpar.kernels.local import csr_tensor  # noqa: E402
 
+RULE_WIDTHS = "1,4,8,16,32,64,128,256"
+#: from a mini-batch block's size to a full graph's
+RULE_GRAPHS = tuple(f"rmat:scale={s},ef=16" for s in (10, 12, 14, 16))
 
-def timed(fn, device) -> float:
+
+def timed(fn, device, calls: int = 1) -> float:
+    """Seconds per call of ``fn``, over ``calls`` calls back to back."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t = time.perf_counter()
-    fn()
+    for _ in range(calls):
+        fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t
+    return (time.perf_counter() - t) / calls
+
+
+def load() -> float:
+    """The 1-minute load average."""
+    return round(os.getloadavg()[0], 2)
+
+
+@contextlib.contextmanager
+def rule(min_width, min_work):
+    """``cpu_spmm``'s size rule set to (min_width, min_work) for the block."""
+    old = cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK
+    cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK = min_width, min_work
+    try:
+        yield
+    finally:
+        cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK = old
+
+
+def compiled_mm(A, h, out):
+    """gnnpar's CPU product on the compiled kernel, whatever the size rule says."""
+    with rule(0, 0):
+        return cpu_spmm.csr_mm(A, h, out)
+
+
+def torch_mm(A, h, out):
+    """gnnpar's CPU product on torch's kernel (its fallback: ``addmm`` into ``out`` for fp32)."""
+    with rule(math.inf, math.inf):
+        return cpu_spmm.csr_mm(A, h, out)
+
+
+def rule_picks(nnz: int, f: int) -> str:
+    """Which side the current size rule gives a product of ``nnz`` entries, ``f`` wide."""
+    return "gnnpar" if f >= cpu_spmm.MIN_WIDTH and nnz * f >= cpu_spmm.MIN_WORK else "torch"
+
+
+def gcn_operator(spec, device):
+    g = load_dataset(spec)
+    A = csr_tensor(*propagation_matrix(g, "gcn"), (g.num_nodes, g.num_nodes), device)
+    return g, A
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="rmat:scale=16,ef=16")
     p.add_argument("--widths", default="16,64,256,512")
-    p.add_argument("--threads", default="2")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", default="2", help="comma list of torch thread counts (CPU)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds (medians reported)")
     p.add_argument("--device", default="cpu", help="cpu (numba kernel) or cuda (Triton)")
     p.add_argument("--sweep", action="store_true",
                    help="CUDA: also time every Triton tile and the unsorted row order")
+    p.add_argument("--size-rule", action="store_true",
+                   help="CPU: sweep widths and graph sizes for cpu_spmm's MIN_WIDTH/MIN_WORK")
+    p.add_argument("--rule-widths", default=RULE_WIDTHS, help="widths of --size-rule")
+    p.add_argument("--rule-graphs", nargs="+", default=list(RULE_GRAPHS),
+                   help="dataset specs of --size-rule (space-separated)")
+    p.add_argument("--rule-dtypes", default="fp32", help="fp32 and/or bf16 (--size-rule)")
+    p.add_argument("--min-time", type=float, default=0.005,
+                   help="--size-rule: repeat a product within one timing until about this "
+                        "many seconds (default 0.005)")
     a = p.parse_args(argv)
     if a.sweep and a.device != "cuda":
         p.error("--sweep times Triton tiles: it needs --device cuda")
+    if a.size_rule and a.device != "cpu":
+        p.error("--size-rule is the CPU kernel's rule: it needs --device cpu")
     device = torch.device(a.device)
     cuda = device.type == "cuda"
-    if not (triton_spmm.available() if cuda else available()):
+    if not (triton_spmm.available() if cuda else cpu_spmm.available()):
         print("bench_spmm: the kernel is not available here (CPU: numba missing or "
               "GNNPAR_SPMM=torch; CUDA: Triton missing)", file=sys.stderr)
         return 2
-    ours_mm = triton_spmm.csr_mm if cuda else csr_mm
-    g = load_dataset(a.dataset)
-    A = csr_tensor(*propagation_matrix(g, "gcn"), (g.num_nodes, g.num_nodes), device)
-    print(f"# {a.dataset} on {device}: n={g.num_nodes:,} nnz={A.values().shape[0]:,}",
-          file=sys.stderr)
+    threads = [1] if cuda else [int(t) for t in a.threads.split(",")]
+    if a.size_rule:
+        return size_rule(a, threads)
+    ours_mm = triton_spmm.csr_mm if cuda else compiled_mm
+    g, A = gcn_operator(a.dataset, device)
+    nnz = A.values().shape[0]
+    print(f"# {a.dataset} on {device}: n={g.num_nodes:,} nnz={nnz:,}; load average "
+          f"{load():.2f}", file=sys.stderr)
     rows, sweep = [], []
     dtypes = (torch.float32, torch.bfloat16) if cuda else (torch.float32,)
-    for threads in ([1] if cuda else [int(t) for t in a.threads.split(",")]):
-        torch.set_num_threads(threads)
+    for t in threads:
+        torch.set_num_threads(t)
         for f in (int(w) for w in a.widths.split(",")):
             for dtype in dtypes:
-                h = torch.randn(g.num_nodes, f, device=device).to(dtype)
-                out = torch.empty(g.num_nodes, f, device=device, dtype=dtype)
-                A_t = A if dtype == torch.float32 else A.to(dtype)
-                ours, theirs = [], []
-                ours_mm(A, h, out)  # warm-up (compiles on first use)
-                torch.sparse.mm(A_t, h)
-                for _ in range(a.repeats):
-                    ours.append(timed(lambda: ours_mm(A, h, out), device))
-                    theirs.append(timed(lambda: torch.sparse.mm(A_t, h), device))
-                row = {"device": str(device), "threads": threads, "width": f,
-                       "dtype": str(dtype).replace("torch.", ""),
-                       "gnnpar_s": statistics.median(ours),
-                       "torch_s": statistics.median(theirs)}
-                row["ratio"] = row["gnnpar_s"] / row["torch_s"]
-                rows.append(row)
+                rows.append(compare(A, f, dtype, ours_mm, device, t, a.repeats))
+                row = rows[-1]
+                if not cuda:
+                    row["rule"] = rule_picks(nnz, f)
                 print(json.dumps(row))
                 if a.sweep:
+                    h = torch.randn(g.num_nodes, f, device=device).to(dtype)
+                    out = torch.empty(g.num_nodes, f, device=device, dtype=dtype)
                     sweep.extend(sweep_tiles(A, h, out, row, a.repeats, device))
                     if dtype == torch.float32:
                         sweep.extend(sweep_cusparse(A, h, out, row, a.repeats, device))
-    print("\n| threads | width | dtype | gnnpar | torch.sparse.mm | ratio |\n"
-          "|---|---|---|---|---|---|", file=sys.stderr)
+    print("\n| threads | width | dtype | gnnpar | torch addmm (reused out) | ratio | "
+          "torch.sparse.mm (fresh out) | rule picks | load |\n"
+          "|---|---|---|---|---|---|---|---|---|", file=sys.stderr)
     for r in rows:
+        addmm = (f"{r['torch_s'] * 1e3:.2f} ms" if r.get("torch_s") is not None
+                 else r.get("torch_error", "-")[:40])
         print(f"| {r['threads']} | {r['width']} | {r['dtype']} | {r['gnnpar_s'] * 1e3:.2f} ms | "
-              f"{r['torch_s'] * 1e3:.2f} ms | {r['ratio']:.2f} |", file=sys.stderr)
+              f"{addmm} | {r['ratio']:.2f}{'' if r['ratio_vs'] == 'torch_s' else ' (vs fresh)'} | "
+              f"{r['torch_fresh_s'] * 1e3:.2f} ms | {r.get('rule', '-')} | {r['load']:.2f} |",
+              file=sys.stderr)
     if sweep:
         print("\n| width | dtype | default tile | fastest tile | its time | unsorted rows | "
               "vs cuSPARSE |\n|---|---|---|---|---|---|---|", file=sys.stderr)
@@ -116,17 +201,142 @@ def main(argv=None) -> int:
                   f"{best['config'] if best else '-'} | "
                   f"{best['gnnpar_s'] * 1e3 if best else float('nan'):.2f} ms | "
                   f"{unsorted[0] * 1e3 if unsorted else float('nan'):.2f} ms | "
-                  f"{best['gnnpar_s'] / r['torch_s'] if best else float('nan'):.2f} |",
+                  f"{best['gnnpar_s'] / r[r['ratio_vs']] if best else float('nan'):.2f} |",
                   file=sys.stderr)
         calls = [s for s in sweep if s["variant"].startswith("cusparse")]
         if calls:
-            print("\n| width | cuSPARSE call | time | vs torch.sparse.mm |\n|---|---|---|---|",
-                  file=sys.stderr)
+            print("\n| width | cuSPARSE call | time | vs torch.sparse.mm (fresh out) | load |\n"
+                  "|---|---|---|---|---|", file=sys.stderr)
         for s in calls:
             print(f"| {s['width']} | {s['variant']} | "
                   + (f"{s['variant_s'] * 1e3:.2f} ms | {s['ratio']:.2f} |" if "ratio" in s
-                     else f"{s['error']} | - |"), file=sys.stderr)
+                     else f"{s['error']} | - |") + f" {s['load']:.2f} |", file=sys.stderr)
     return 0
+
+
+def compare(A, f, dtype, ours_mm, device, threads, repeats) -> dict:
+    """One width and dtype: gnnpar, torch ``addmm`` into a reused output and a fresh-output
+    ``torch.sparse.mm``, one call each per round, alternating; medians over ``repeats``."""
+    n = A.shape[1]
+    h = torch.randn(n, f, device=device).to(dtype)
+    out = torch.empty(A.shape[0], f, device=device, dtype=dtype)
+    ref = torch.empty_like(out)
+    A_t = A if dtype == torch.float32 else A.to(dtype)
+    sides = {"gnnpar_s": lambda: ours_mm(A, h, out),
+             "torch_s": lambda: torch.addmm(ref, A_t, h, beta=0, out=ref),
+             "torch_fresh_s": lambda: torch.sparse.mm(A_t, h)}
+    row = {"device": str(device), "threads": threads, "width": f,
+           "dtype": str(dtype).replace("torch.", "")}
+    for key, call in list(sides.items()):
+        try:
+            call()  # warm-up (compiles on first use)
+        except Exception as e:  # noqa: BLE001 - a refused call is a cell of the row
+            row[key] = None
+            row[key.replace("_s", "_error")] = f"{type(e).__name__}: {e}"[:200]
+            del sides[key]
+    times = {k: [] for k in sides}
+    for r in range(repeats):
+        for key in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            times[key].append(timed(sides[key], device))
+    row.update({k: statistics.median(v) for k, v in times.items()})
+    row["ratio_vs"] = "torch_s" if row.get("torch_s") else "torch_fresh_s"
+    row["ratio"] = row["gnnpar_s"] / row[row["ratio_vs"]]
+    row["load"] = load()
+    return row
+
+
+def size_rule(a, threads) -> int:
+    """``--size-rule``: every (graph, width, dtype) on both sides, interleaved rounds."""
+    widths = [int(w) for w in a.rule_widths.split(",")]
+    dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d]
+              for d in a.rule_dtypes.split(",")]
+    cpu = torch.device("cpu")
+    print(f"# size rule sweep: widths {widths}, graphs {a.rule_graphs}, threads {threads}, "
+          f"{a.repeats} rounds; current rule MIN_WIDTH={cpu_spmm.MIN_WIDTH} "
+          f"MIN_WORK={cpu_spmm.MIN_WORK}; load average {load():.2f}", file=sys.stderr)
+    cases = []
+    for spec in a.rule_graphs:
+        g, A = gcn_operator(spec, cpu)
+        print(f"# {spec}: n={g.num_nodes:,} nnz={A.values().shape[0]:,}", file=sys.stderr)
+        for f in widths:
+            for dtype in dtypes:
+                h = torch.randn(g.num_nodes, f).to(dtype)
+                cases.append({"graph": spec, "A": A, "h": h, "width": f, "dtype": dtype,
+                              "nnz": int(A.values().shape[0]),
+                              "out": torch.empty(g.num_nodes, f, dtype=dtype)})
+    rows = []
+    for t in threads:
+        torch.set_num_threads(t)
+        sides = {"gnnpar_s": compiled_mm, "torch_s": torch_mm}
+        for c in cases:  # warm-up, and how many calls make one timing about --min-time long
+            for mm in sides.values():
+                mm(c["A"], c["h"], c["out"])
+            once = max(timed(lambda: mm(c["A"], c["h"], c["out"]), cpu) for mm in sides.values())
+            c["calls"] = max(1, min(1000, round(a.min_time / max(once, 1e-7))))
+            c["times"] = {k: [] for k in sides}
+            c["loads"] = []
+        for r in range(a.repeats):
+            for c in cases:
+                order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+                for key in order:
+                    mm = sides[key]
+                    c["times"][key].append(
+                        timed(lambda: mm(c["A"], c["h"], c["out"]), cpu, c["calls"]))
+                c["loads"].append(load())
+            print(f"# round {r + 1}/{a.repeats} done, load average {load():.2f}",
+                  file=sys.stderr)
+        for c in cases:
+            row = {"graph": c["graph"], "threads": t, "width": c["width"],
+                   "dtype": str(c["dtype"]).replace("torch.", ""), "nnz": c["nnz"],
+                   "work": c["nnz"] * c["width"], "calls_per_timing": c["calls"],
+                   **{k: statistics.median(v) for k, v in c["times"].items()},
+                   "load": statistics.median(c["loads"])}
+            row["ratio"] = row["gnnpar_s"] / row["torch_s"]
+            row["faster"] = "gnnpar" if row["ratio"] < 1 else "torch"
+            row["rule"] = rule_picks(c["nnz"], c["width"])
+            rows.append(row)
+            print(json.dumps(row))
+    for t in threads:
+        mine = sorted((r for r in rows if r["threads"] == t),
+                      key=lambda r: (r["dtype"], r["work"]))
+        print(f"\n{t} threads\n| graph | width | dtype | nnz·width | gnnpar (compiled) | "
+              "torch addmm | ratio | faster | rule picks | load |\n"
+              "|---|---|---|---|---|---|---|---|---|---|", file=sys.stderr)
+        for r in mine:
+            print(f"| {r['graph']} | {r['width']} | {r['dtype']} | {r['work']:.3g} | "
+                  f"{r['gnnpar_s'] * 1e3:.3f} ms | {r['torch_s'] * 1e3:.3f} ms | "
+                  f"{r['ratio']:.2f} | {r['faster']} | {r['rule']}"
+                  f"{'' if r['rule'] == r['faster'] else ' (!)'} | {r['load']:.2f} |",
+                  file=sys.stderr)
+        best = best_rule(mine)
+        now = rule_loss(mine, cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK)
+        print(f"current rule MIN_WIDTH={cpu_spmm.MIN_WIDTH} MIN_WORK={cpu_spmm.MIN_WORK}: "
+              f"mean excess {now:.1%} over always the faster side; best swept rule "
+              f"MIN_WIDTH={best[1]} MIN_WORK={best[2]}: {best[0]:.1%}", file=sys.stderr)
+        print(json.dumps({"what": "size_rule", "threads": t,
+                          "current": [cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK],
+                          "current_excess": now, "best": [best[1], best[2]],
+                          "best_excess": best[0], "load": load()}))
+    return 0
+
+
+def rule_loss(rows, min_width, min_work) -> float:
+    """Mean over ``rows`` of (time of the side the rule picks) / (the faster side's) − 1."""
+    lost = []
+    for r in rows:
+        picked = r["gnnpar_s"] if (r["width"] >= min_width and r["work"] >= min_work) \
+            else r["torch_s"]
+        lost.append(picked / min(r["gnnpar_s"], r["torch_s"]) - 1)
+    return statistics.mean(lost) if lost else 0.0
+
+
+def best_rule(rows):
+    """(loss, MIN_WIDTH, MIN_WORK) of the swept values that loses least; among equal losses
+    the larger thresholds (torch for more products)."""
+    widths = sorted({0} | {r["width"] for r in rows})
+    works = sorted({0} | {r["work"] for r in rows})
+    loss, w, k = min((rule_loss(rows, w, k), -w, -k) for w in widths for k in works)
+    return loss, -w, -k
 
 
 def sweep_tiles(A, h, out, base, repeats, device):
@@ -140,7 +350,8 @@ def sweep_tiles(A, h, out, base, repeats, device):
     runs.append(("unsorted", triton_spmm.config_for(f, h.dtype), ident))
     got = []
     for variant, c, order in runs:
-        rec = {k: base[k] for k in ("device", "width", "dtype", "torch_s")}
+        rec = {k: base[k] for k in ("device", "width", "dtype", "ratio_vs")}
+        rec["torch_s"] = base[base["ratio_vs"]]
         rec.update(variant=variant, config=",".join(map(str, c)))
         try:
             def run():
@@ -150,6 +361,7 @@ def sweep_tiles(A, h, out, base, repeats, device):
             rec["ratio"] = rec["gnnpar_s"] / rec["torch_s"]
         except Exception as e:  # noqa: BLE001 - one tile's failure is a row of the sweep
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
+        rec["load"] = load()
         print(json.dumps(rec))
         got.append(rec)
     return got
@@ -177,6 +389,7 @@ def sweep_cusparse(A, h, out, base, repeats, device):
             rec["ratio"] = rec["variant_s"] / rec["torch_s"]
         except Exception as e:  # noqa: BLE001 - a refused call is a row of the sweep
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
+        rec["load"] = load()
         print(json.dumps(rec))
         got.append(rec)
     return got

@@ -148,6 +148,23 @@ def test_bench_spmm_runs(tmp_path):
     assert res.returncode == 0, res.stderr
     row = json.loads(res.stdout.splitlines()[0])
     assert row["width"] == 8 and row["gnnpar_s"] > 0 and row["torch_s"] > 0
+    assert row["torch_fresh_s"] > 0 and row["ratio_vs"] == "torch_s" and row["load"] >= 0
+
+
+def test_bench_spmm_size_rule_runs(tmp_path):
+    """--size-rule: one row per (graph, width), each naming the faster side and the rule's
+    pick, then the best swept (MIN_WIDTH, MIN_WORK)."""
+    import sys
+    res = subprocess.run([sys.executable, "scripts/bench_spmm.py", "--size-rule",
+                          "--rule-graphs", "rmat:scale=8,ef=4", "--rule-widths", "1,32",
+                          "--repeats", "1", "--min-time", "0"], cwd=ROOT,
+                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [r["width"] for r in rows[:-1]] == [1, 32]
+    assert all(r["faster"] in ("gnnpar", "torch") and r["rule"] in ("gnnpar", "torch")
+               for r in rows[:-1])
+    assert rows[-1]["what"] == "size_rule" and len(rows[-1]["best"]) == 2
 
 
 def test_bench_dgl_dry_run_needs_no_dgl(tmp_path):
@@ -159,6 +176,11 @@ def test_bench_dgl_dry_run_needs_no_dgl(tmp_path):
                          text=True, env=clean_env(), timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert "full-batch step, scale 16" in dry.stdout + dry.stderr
+    train = subprocess.run(base + ["--dry-run", "--rounds", "1", "--measures", "train"],
+                           cwd=ROOT, capture_output=True, text=True, env=clean_env(),
+                           timeout=120)
+    assert train.returncode == 0, train.stderr
+    assert "mini-batch SAGE epoch [15,10,5] b1024, scale 17, 2 threads" in train.stdout
     real = subprocess.run(base + ["--rounds", "1", "--measures", "step", "--scales", "8"],
                           cwd=ROOT, capture_output=True, text=True, env=clean_env(),
                           timeout=120)
