@@ -12,16 +12,11 @@ vertices once at load makes those reads local:
   (hubs first inside each) — the rows of a block read mostly their own cluster;
 - ``none``: the dataset's own order.
 
-Measured on 2 shared cores (the compiled CPU kernel, R-MAT ids in random order): one Â·H at
-width 256 on ``rmat:scale=17,ef=16`` took 0.66 s in the dataset's order, 0.46 s in degree order
-and 0.45 s in RCM order; a whole 3-layer GCN training step (128 → 256 → 256, the dense layers
-included) 5–8 % less (scale 16: 0.815/0.852 → 0.766/0.782 s; scale 17: 1.675 → 1.587 s).
-With the later kernels the step gained more: ``gnnpar-train --dataset rmat:scale=17,ef=16
---hidden 256 --layers 3 --threads 2``, median epoch of two interleaved rounds: none 2.23/2.44
-s, degree 1.93/1.94 s, partition 1.86/1.93 s (rcm 1.96 s, once 2.61 s under load). So
-``gnnpar-train``'s default, ``auto``, is ``degree`` for a single-process full-batch run (hubs
-first, cheap: one sort) and ``none`` for mini batch and distributed runs, which were not
-measured (and the ``block`` partitioner would put every hub on one rank);
+On R-MAT, whose ids come in random order, each reordering makes the product and the whole
+training step faster (``docs/performance.md`` has the figures). ``gnnpar-train``'s default,
+``auto``, is ``degree`` for a single-process full-batch run (hubs first, cheap: one sort) and
+``none`` for mini batch and distributed runs, where no gain is shown (and the ``block``
+partitioner would put every hub on one rank);
 :func:`gnnpar.shard_source.resolve_reorder` settles it. Library calls (``load_dataset``,
 ``SerialRuntime``) never reorder on their own.
 

@@ -32,7 +32,7 @@ def _streams(seed: int, k: int):
 
 
 def rmat_bytes(scale: int, ef: int, feat: int) -> int:
-    """About the peak bytes :func:`rmat` needs (measured within ~10% at scale 18): per edge
+    """About the peak bytes :func:`rmat` needs (an estimate, checked against peak RSS): per edge
     sample its uint32 ends, their concatenation, the deduplicated COO/CSR and the int64 result
     (both directions), ~32 bytes; per vertex the permutation, ``x`` (float32), ``y``, the masks
     and the row pointers."""
@@ -41,7 +41,7 @@ def rmat_bytes(scale: int, ef: int, feat: int) -> int:
 
 
 def sbm_bytes(n: int, blocks: int, p_in: float, p_out: float, feat: int, directed: bool) -> int:
-    """About the peak bytes :func:`sbm` needs (measured within ~10% at n = 20000): the
+    """About the peak bytes :func:`sbm` needs (an estimate, checked against peak RSS): the
     expected edge count times ~100 bytes (sampled ends, their int64 copies, COO/CSR, both
     directions), the block-pair tables, and ``x`` (built in float64, ~24 bytes a value)."""
     n, blocks = int(n), int(blocks)

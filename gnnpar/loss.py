@@ -4,10 +4,8 @@ Both trainers divide this rank's sum by the global count of training rows, so th
 gradients equal the serial ones (:mod:`gnnpar.trainer`, :mod:`gnnpar.sampling.loop`).
 
 On CUDA it is computed as ``-log_softmax(logits).gather(y).sum()``: torch's CUDA ``nll_loss``
-with ``reduction="sum"`` reduces in a single thread block, which on an H200 took 0.52 ms forward
-and 0.50 ms backward for 629k rows × 16 classes (``scripts/profile_epoch.py --device cuda`` at
-``rmat:scale=20,ef=16``, before this function) — a tenth of a 3-layer GCN's epoch outside its
-products; the gather form's kernels no longer show among the top 20. Elsewhere it is
+with ``reduction="sum"`` reduces in a single thread block, a serial tail on a large graph
+(``docs/performance.md`` has the profile). Elsewhere it is
 :func:`torch.nn.functional.cross_entropy`. The two are the same sum, in another order.
 
 Shapes: logits (n, classes), y (n,) int64, mask (n,) bool or None → a scalar (float32).

@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "in memory (degree: hubs first; rcm: reverse Cuthill-McKee; partition: "
                         "METIS clusters of ~8k rows, hubs first in each); the same "
                         "graph, faster sparse products (default auto: degree for a "
-                        "single-process full-batch run, measured 13-20%% faster a step on "
-                        "R-MAT; none for mini batch and distributed runs)")
+                        "single-process full-batch run; none for mini batch and "
+                        "distributed runs)")
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")

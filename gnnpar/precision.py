@@ -1,7 +1,6 @@
 """``--precision {fp32,bf16,tf32}``: what a training step runs in.
 
-``fp32`` runs everything in float32, as gnnpar always has (bit for bit: nothing here touches
-an fp32 run). ``bf16`` is mixed precision:
+``fp32`` runs everything in float32 (nothing here touches an fp32 run, bit for bit). ``bf16`` is mixed precision:
 
 - the forward pass runs under :func:`torch.autocast` on the run's device type with
   ``dtype=torch.bfloat16``, so the dense layers (``nn.Linear``, matmuls) compute in bf16
@@ -17,11 +16,8 @@ an fp32 run). ``bf16`` is mixed precision:
 ``tf32`` (CUDA only) is fp32 everywhere except that float32 matrix products — the dense layers,
 forward and backward — may run on TF32 tensor cores (10-bit mantissas in, fp32 sums:
 :func:`torch.set_float32_matmul_precision` ``"high"``, for the step only). The SpMMs and
-everything else stay fp32. Measured on an H200 (``scripts/bench_single.py --device cuda`` at
-``rmat:scale=20,ef=16``, 3-layer GCN, hidden 256): an epoch takes 26.8 ms against 36.3 ms in
-fp32 (the dense products are 12.8 ms of the fp32 epoch: ``scripts/profile_epoch.py``); a 2²⁰ ×
-256 by 256 × 256 product there had a relative error of 3e-4 in TF32 against 3e-7 in fp32
-(one-off check against float64).
+everything else stay fp32. The dense products' relative error grows from fp32's ~1e-7 to
+TF32's ~1e-4 (10-bit mantissas); ``docs/performance.md`` has the measured speed and error.
 
 The trainers (:mod:`gnnpar.trainer`, :mod:`gnnpar.sampling.loop`) run each step (forward and
 backward) and each evaluation in :func:`matmuls`, their forward passes in :func:`autocast`

@@ -97,7 +97,7 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
 def _numerics_identity(spec: RunSpec) -> dict:
     """A bf16 run's checkpoints name their precision, and a run with a low-precision wire its
     ``--comm-dtype`` (a resume with another would not continue the same numbers); fp32 runs
-    keep the identity they always had."""
+    add nothing, so their checkpoints stay interchangeable with every fp32 run's."""
     return {k: v for k, v in (("precision", spec.precision), ("comm_dtype", spec.comm_dtype))
             if v != "fp32"}
 
@@ -145,5 +145,5 @@ def _minibatch(spec, rank, world, data, model, device, watchdog) -> Training:
         fields, f"minibatch x{world}", [world],
         extra_final=lambda history: {**final_sampling(history), **info},
         # the device sampler draws other blocks than the host's (hash draws); host-sampled
-        # runs keep the identity they always had
+        # runs add nothing to the identity
         identity={"sample_on": "device"} if info["sample_on"] == "device" else {})

@@ -63,9 +63,9 @@ def vertex_order(spec) -> str:
 
 def resolve_reorder(spec, serial_fullbatch: bool):
     """``spec`` with ``--reorder auto`` settled: ``degree`` for a single-process full-batch run
-    (hubs first: a training step 13-20 % faster on R-MAT at scale 17, 2 threads, measured with
-    ``gnnpar-train --reorder``), ``none`` otherwise — mini batch and distributed runs were not
-    measured, and the ``block`` partitioner would put every hub on one rank."""
+    (hubs first: the sparse products read a small hot region; ``docs/performance.md`` has the
+    step times), ``none`` otherwise — no gain is shown for mini batch and distributed runs,
+    and the ``block`` partitioner would put every hub on one rank."""
     if getattr(spec, "reorder", "none") != "auto":
         return spec
     return spec.evolve(reorder="degree" if serial_fullbatch and not has_shards(spec) else "none")

@@ -102,11 +102,12 @@ def _transpose_csr_tensors(indptr, indices, values, shape):
 class OutputBuffers:
     """Output tensors reused from one training step to the next (CPU only).
 
-    A fresh large tensor costs page faults on every step (measured: an SpMM into a new
-    65k × 256 output takes 114–143 ms, into a reused one 95 ms). The k-th product of a pass
+    A fresh large tensor costs page faults on every step (``docs/performance.md``). The k-th
+    product of a pass
     writes into slot k; :meth:`start_pass` rewinds. Reuse is safe for a caller that finishes
     each pass (forward and backward) before the next starts, as the trainers do; a tensor that
-    autograd saved from an earlier pass would make backward fail loudly (version check), never
+    autograd saved from an earlier pass makes backward fail loudly (version check, bumped by
+    :func:`gnnpar.kernels.cpu_spmm.written` after the compiled kernels' writes), never
     silently. Off unless the runtime turns it on. Calls beyond ``max_slots`` in one pass (a
     caller that never rewinds) get fresh tensors, so memory stays bounded.
     """

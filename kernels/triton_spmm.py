@@ -14,12 +14,8 @@ power-law graphs a hub row of 10⁴–10⁵ entries is one program's serial loop
 it would run alone at the end of the launch. Longest-first is the classic list-scheduling fix,
 and it puts rows of like length into one program.
 
-Measured on an H200 (rmat:scale=20,ef=16, ``bench_spmm.py --device cuda --sweep``), the kernel
-at its best tile is 1.6–2.3× slower than cuSPARSE (width 256 fp32: 12.6–12.7 ms against
-6.2 ms in two runs; more warps a program were slower still), so cuSPARSE stays
-:data:`DEFAULT`. A row-group variant (rows side by side, one entry of each a step, no sum
-across threads) was tried and removed: 6–10× slower than cuSPARSE at width 256 where it
-compiled, and Triton 3.6 failed to compile half of its tiles.
+cuSPARSE stays :data:`DEFAULT`: on the GPU sweep (``bench_spmm.py --device cuda --sweep``;
+figures in ``docs/performance.md``) this kernel at its best tile is slower than cuSPARSE.
 
 The tile shape (``BLOCK_F``, ``BLOCK_E``, ``ROWS``, warps, ``defer``) is tuned: the first product of
 each (GPU, dtype, width class) times every :data:`CANDIDATES` tile on its own operands and
@@ -69,8 +65,8 @@ class Config(NamedTuple):
 
 
 #: the tiles ``bench_spmm.py --sweep`` times and :func:`tuned` picks from (block_f is capped at
-#: the width's power of two): the fastest on an H200 at widths 64–512, then deferred-sum tiles
-#: (not timed on a GPU yet: the per-step sum across threads is what made more warps slower)
+#: the width's power of two): the row-split tiles fastest on the GPU sweep at widths 64–512,
+#: then deferred-sum tiles, which keep the per-step sum across threads out of the loop
 CANDIDATES = tuple(Config(*c) for c in (
     (64, 16, 1, 2), (64, 32, 1, 4), (128, 32, 1, 4), (256, 16, 1, 8),
     (64, 16, 1, 2, 1), (64, 32, 1, 4, 1), (128, 16, 1, 4, 1), (256, 8, 1, 4, 1)))
@@ -127,7 +123,7 @@ def fixed_config() -> Config:
 
 def config_for(f: int, dtype: torch.dtype) -> Config:
     """The untuned tile for width ``f`` (``GNNPAR_TRITON_CONFIG`` overrides): the row-split
-    tile fastest at most widths on the H200 sweep — 64 feature columns, 16 entries a step, 2
+    tile fastest at most widths on the GPU sweep — 64 feature columns, 16 entries a step, 2
     warps."""
     return capped(fixed_config() or Config(64, 16, 1, 2), f)
 

@@ -11,17 +11,15 @@ arithmetic, so the kernels are shaped around both:
   with-replacement draws) per row, its "already kept?" test settled by a 64-bit mask of the
   picks' low bits for most draws; (3) a flat gather whose addresses are all known, reading
   a packed (int32 column, float32 value) record as one uint64; (4) the d_i/k_i scaling, a
-  sequential pass. A fused per-row loop (choose, then read) was no faster than numpy: its
-  branches waited on the misses of the row's own offsets. Measured on one 47k-row layer
-  (4 minibatches' input layer): numpy 14.6 ms, fused per-row kernel 15.2 ms, these passes
-  7.4 ms.
+  sequential pass. A fused per-row loop (choose, then read) is no faster than numpy: its
+  branches wait on the misses of the row's own offsets (``docs/performance.md``).
 - :func:`relabel_assemble` — the block-local numbering (destinations first, new ids
   ascending) and the block's CSR in one call: the n-entry slot table marks new ids as the
   edges are read, then a scan of the table (blocks touching a good share of the graph) or a
   sort of the new ids only (small blocks of a huge graph) numbers them, and each edge's
   local id is written in place (after its row's self entry, if any). Marking and the scan
   store unconditionally and count with the flag: whether an id is new is a coin flip to a
-  branch predictor. One input block (12k rows, 159k edges): numpy 0.94 ms, 0.52 ms.
+  branch predictor.
 
 Same numbers: positions and scaled values follow the numpy expressions operation for
 operation in float64/float32 (a float32 product computed in float64 and rounded is the
