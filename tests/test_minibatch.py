@@ -238,6 +238,7 @@ def test_cli_minibatch_two_ranks_writes_sampling_fields(tmp_path):
         assert rec["world_size"] == 2 and rec["steps"] == -(-most // 200)
         assert rec["feat_bytes"] > 0 and 0 < rec["cache_hit_rate"] < 1
         assert rec["unique_input_nodes"] <= rec["input_nodes"]
+        assert rec["comm_timing"] == "host", rec  # the gradient all-reduce, on host tensors
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -42,6 +42,7 @@ from gnnpar.interfaces import CommStats
 from gnnpar.kernels.algorithms import get_grouped
 from gnnpar.kernels.bipartite import block_shard, build_bipartite, dst_first_owner
 from gnnpar.kernels.comm import WIRE_DTYPES, Comm
+from gnnpar.kernels.comm_timing import timing_name
 from gnnpar.kernels.grid import parse_grid
 
 from .blocks import Block
@@ -107,9 +108,10 @@ class GroupEngine(DataParallel):
 
     def comm_stats(self) -> CommStats:
         world = super().comm_stats()
+        timing = timing_name([world.timing, self.group_comm.timing])
         group_bytes, _, group_s = self.group_comm.reset()
         total = world.bytes + group_bytes
-        return CommStats(total, total, world.seconds + group_s)
+        return CommStats(total, total, world.seconds + group_s, timing=timing)
 
 
 @dataclass

@@ -19,7 +19,8 @@ Epoch record (one JSON line; every field in ``docs/architecture.md``) — ``loss
 over every rank's
 seeds of the epoch; ``comm_bytes`` counts what all ranks sent for training: gradient
 all-reduces plus the samplers' feature rows, id requests and (partitioned structure)
-lookups; evaluation and setup traffic are not counted — plus ``train_s`` (steps only),
+lookups; evaluation and setup traffic are not counted; ``comm_timing`` says what timed this
+rank's ``comm_s`` (:attr:`gnnpar.kernels.comm.Comm.timing`) — plus ``train_s`` (steps only),
 ``steps`` (per rank, equal on all), and the sampling fields summed over ranks:
 ``sampled_edges`` (neighbour entries kept, self entries not counted), ``input_nodes``
 (Σ over minibatches of the first block's sources), ``unique_input_nodes`` (Σ over
@@ -73,11 +74,12 @@ class DataParallel:
         return self.reducer.max(t) if op == "max" else self.reducer.sum(t)
 
     def comm_stats(self) -> CommStats:
-        """This rank's training collectives since the last call."""
+        """This rank's training collectives since the last call, and what timed them."""
         if self.comm is None:
             return CommStats()
+        timing = self.comm.timing  # before the reset forgets it
         nbytes, _, seconds = self.comm.reset()
-        return CommStats(nbytes, nbytes, seconds)
+        return CommStats(nbytes, nbytes, seconds, timing=timing)
 
 
 def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
@@ -156,6 +158,7 @@ def _reduced(engine, loss_sum, total, grad: CommStats, st: SamplingStats) -> dic
                                            dtype=torch.float64), "max")
     remote, hits = float(sums[5]), float(sums[6])
     return {"loss": float(sums[0]) / max(total, 1), "comm_s": float(maxes[1]),
+            "comm_timing": grad.timing,
             "comm_bytes": int(sums[1]), "comm_bytes_max_rank": int(maxes[0]),
             "steps": st.steps, "sampled_edges": int(sums[2]),
             "input_nodes": int(sums[3]), "unique_input_nodes": int(sums[4]),
