@@ -28,6 +28,7 @@ from .interfaces import Shard
 from .logged import train_logged
 from .models import build_model
 from .resume import Checkpointing, run_meta
+from .sampling.draws import HASH_GENERATOR
 from .sampling.loop import fit_minibatch
 from .sampling.setup import build_rank, final_sampling, serial_parts
 from .serial import SerialRuntime
@@ -144,6 +145,8 @@ def _minibatch(spec, rank, world, data, model, device, watchdog) -> Training:
                                                         start, opt),
         fields, f"minibatch x{world}", [world],
         extra_final=lambda history: {**final_sampling(history), **info},
-        # the device sampler draws other blocks than the host's (hash draws); host-sampled
-        # runs add nothing to the identity
-        identity={"sample_on": "device"} if info["sample_on"] == "device" else {})
+        # the device sampler draws other blocks than the host's (counter-based draws, named
+        # by their generator: a checkpoint of other draws would not replay the same blocks);
+        # host-sampled runs add nothing to the identity
+        identity=({"sample_on": "device", "draws": HASH_GENERATOR} if info["sample_on"] == "device"
+                  else {}))

@@ -18,18 +18,13 @@ row's first miss and reads a shared row from memory once per minibatch. So:
   plain store first reads the line it overwrites.
 
 Outputs come from a per-thread :class:`OutputPool`: a fresh output of a few MB per
-minibatch page-faults on first write, and with two sampler workers the allocator kept
-mapping new pages (~320 faults per minibatch).
+minibatch page-faults on first write, and the allocator maps new pages for most of them
+when several sampler workers allocate; a pooled buffer is lent again only once nothing
+outside the pool can reach it.
 
-Measured on that graph, one thread, a macrobatch sampled between gathers (cold caches as in
-the service): ``index_select`` per minibatch 11.0 ms (12.2 ms with the id lookups), the
-same rows with prefetching 9.8 ms, grouped in row order 8.5 ms, and with non-temporal
-stores 6.8 ms (sort 0.45 ms of it). Without the hot cache of a repeated micro-benchmark
-non-temporal stores win; on one macrobatch gathered again and again they lose (8.2 vs
-7.4 ms): measure inside the loop. Sampling + gather, bulk K=4
-(``scripts/bench_dgl.py --measures sample,gather``, medians of 3 rounds, two runs each,
-before and after alternately on a shared 2-core machine): two workers 248 and 242 → 335 and
-322 minibatches/s, one worker 132 and 140 → 166 and 179 (sampling alone ~500 and ~265).
+Each step (grouping, prefetching, non-temporal stores) is timed inside the sampling loop
+with cold caches, as the service sees them; a repeated micro-benchmark's hot cache ranks
+them otherwise (``docs/performance.md``).
 
 One thread per call, ``nogil``: the sampler workers are the parallelism, and a
 multi-threaded gather inside each of W workers would put 2W threads on the cores (the
@@ -49,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from types import SimpleNamespace
 from typing import List, Optional, Sequence
 
@@ -133,9 +129,9 @@ def new_rows(like: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _outputs(src: torch.Tensor, sizes) -> List[torch.Tensor]:
-    """One (n, f) output per size, from this thread's :class:`OutputPool` when it can
-    tell that a buffer is free (else fresh). Host tensors only: a device buffer may still
-    be read by queued kernels when its last Python holder goes."""
+    """One (n, f) output per size, from this thread's :class:`OutputPool`. Host tensors
+    only: a device buffer may still be read by queued kernels when its last Python holder
+    goes."""
     if src.device.type != "cpu":
         return [src.new_empty((n, src.shape[1])) for n in sizes]
     pool = getattr(_pools, "pool", None)
@@ -145,80 +141,107 @@ def _outputs(src: torch.Tensor, sizes) -> List[torch.Tensor]:
 
 
 class OutputPool:
-    """Output buffers of one thread, reused once nothing else refers to them.
+    """Output buffers of one thread, each lent again only once nothing outside the pool can
+    reach its memory.
 
-    A fresh output of a few MB per minibatch costs page faults every time it is first
-    written: with two sampler workers the allocator maps new pages for most of them
-    (~320 faults per minibatch, 11 % of the CPU time in the kernel on the bench loop).
-    This pool hands out the first rows of a buffer; the buffer is free again once its
-    storage has no other holder (the minibatch and every view of it are gone), which torch
-    reports as the storage's use count. Where torch does not expose it, every output is
-    fresh. At most ``limit`` buffers are kept; a buffer is reused for a need of at least
-    half its rows, so small needs do not pin big buffers.
+    A fresh output of a few MB per minibatch page-faults on first write; a kept buffer's
+    pages are already mapped. A buffer is lent as a tensor whose storage is made for that
+    loan (``torch.from_numpy`` over a numpy view of the buffer's bytes, the view made for
+    that loan only). That storage holds the view, and the pool keeps only a weak reference
+    to it: the view lives exactly as long as the storage does. Whatever can still reach the
+    memory reaches it through that storage: the tensor lent, its views and ``_base``,
+    the ``UntypedStorage`` or ``TypedStorage`` object, numpy arrays and DLPack capsules over
+    it, another tensor ``set_`` onto that storage. While any of them is alive the storage
+    is, so the view is, and the buffer is busy. Nothing private of torch is asked.
+
+    At most ``limit`` buffers are kept; a buffer serves a need of at least half its bytes
+    (any dtype: a buffer is bytes), so small needs do not pin big buffers.
     """
 
     def __init__(self, limit: int = 32):
         self.limit = int(limit)
-        self.buffers: List[torch.Tensor] = []
+        self.buffers: List[_Buffer] = []
 
     def take(self, like: torch.Tensor, sizes) -> List[torch.Tensor]:
         """One (n, f) tensor like ``like``'s rows per size, none sharing memory with
-        another or with anything still held. Kept buffers nothing holds serve the needs
+        another or with anything still held. Kept buffers nothing reaches serve the needs
         they fit first; only the needs left over replace a free buffer or get a fresh one
-        (so a free buffer is not evicted for a need that another one could serve)."""
+        (so a free buffer is not evicted for a need that another one could serve). An empty
+        need gets an empty tensor, not a buffer."""
         f, taken = like.shape[1], set()
         slots = []
         for n in sizes:
-            i = self._free(like, n, taken)
+            i = self._free(_nbytes(like, n), taken) if _nbytes(like, n) else None
             if i is not None:
                 taken.add(i)
             slots.append(i)
         out = []
         for n, i in zip(sizes, slots):
-            if i is None:
+            if i is None and _nbytes(like, n):
                 i = self._slot(taken)
-                if i is None:  # every kept buffer is held: a fresh one, not kept
-                    out.append(like.new_empty((n, f)))
-                    continue
-                buf = like.new_empty((n + n // 8, f))  # an eighth more for the next needs
-                if i == len(self.buffers):
-                    self.buffers.append(buf)
-                else:
-                    self.buffers[i] = buf
-                taken.add(i)
-            out.append(self.buffers[i][:n])
+                if i is not None:
+                    # an eighth more for the next needs
+                    buf = _Buffer(like, _nbytes(like, n + n // 8))
+                    if i == len(self.buffers):
+                        self.buffers.append(buf)
+                    else:
+                        self.buffers[i] = buf
+                    taken.add(i)
+            if i is None:  # empty, or every kept buffer is held: a fresh one, not kept
+                out.append(like.new_empty((n, f)))
+            else:
+                out.append(self.buffers[i].lend(like.dtype, n, f))
         return out
 
-    def _free(self, like, n, taken):
-        """A kept buffer nothing holds with n to 2n rows of ``like``'s kind, or None."""
-        if _use_count is None:
-            return None
+    def _free(self, need: int, taken):
+        """A kept buffer nothing reaches with ``need`` to twice ``need`` bytes, or None."""
         for i, b in enumerate(self.buffers):
-            if (i not in taken and b.dtype == like.dtype and b.shape[1] == like.shape[1]
-                    and n <= b.shape[0] <= 2 * max(n, 1) and _is_free(b)):
+            if i not in taken and need <= b.nbytes <= 2 * max(need, 1) and b.free():
                 return i
         return None
 
     def _slot(self, taken):
         """Where a new buffer goes: a new slot below the limit, else the place of a kept
-        buffer nothing holds; None when all are held (or nothing can be told)."""
-        if _use_count is None:
-            return None
+        buffer nothing reaches; None when all are held."""
         if len(self.buffers) < self.limit:
             return len(self.buffers)
         for i, b in enumerate(self.buffers):
-            if i not in taken and _is_free(b):
+            if i not in taken and b.free():
                 return i
         return None
 
 
-def _is_free(buf: torch.Tensor) -> bool:
-    # held by the pool's tensor and by the storage object asked here: nothing else
-    return _use_count(buf.untyped_storage()._cdata) <= 2
+class _Buffer:
+    """The bytes of one pooled output (allocated by torch: 64-byte aligned) and a weak
+    reference to the numpy view its current loan's storage holds."""
+
+    __slots__ = ("memory", "loan")
+
+    def __init__(self, like: torch.Tensor, nbytes: int):
+        self.memory = like.new_empty((nbytes,), dtype=torch.uint8).numpy()
+        self.loan: Optional[weakref.ref] = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.memory.shape[0])
+
+    def free(self) -> bool:
+        """Whether no storage made by :meth:`lend` is alive (so nothing outside the pool can
+        reach these bytes)."""
+        return self.loan is None or self.loan() is None
+
+    def lend(self, dtype: torch.dtype, n: int, f: int) -> torch.Tensor:
+        """An (n, f) ``dtype`` tensor over the first bytes, on a storage made for this loan."""
+        view = self.memory[:n * f * dtype.itemsize]
+        self.loan = weakref.ref(view)
+        return torch.from_numpy(view).view(dtype).view(n, f)
 
 
-#: torch's count of holders of a storage (a private function: without it, no pooling)
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+def _nbytes(like: torch.Tensor, n: int) -> int:
+    """Bytes of n rows of ``like``."""
+    return int(n) * int(like.shape[1]) * like.element_size()
+
+
 _pools = threading.local()
 
 
