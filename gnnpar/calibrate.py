@@ -1,14 +1,18 @@
 """Calibrate the cost model's time figures on the machine at hand (``gnnpar-plan --calibrate``).
 
-A probe of a few seconds measures the four rates of :class:`~gnnpar.kernels.cost_model.Machine`
+A probe of a few seconds measures the figures of :class:`~gnnpar.kernels.cost_model.Machine`
 the way an epoch uses them:
 
 - ``spmm_rate``: flop/s (2 × multiply-adds) of this project's local SpMM
   (:func:`gnnpar.kernels.cpu_spmm.csr_mm`) on a random sparse matrix with ~16 non-zeros a row;
 - ``dense_rate``: flop/s of a dense ``(n × f) @ (f × f)`` product (the layers' weights);
-- ``elementwise_rate``: a few epochs of one-process training of a small R-MAT graph
-  (:func:`gnnpar.trainer.fit` on :class:`gnnpar.serial.SerialRuntime`); what the two rates
-  above do not explain of its median epoch, per owned row × Σ layer widths;
+- ``step_overhead`` and ``layer_overhead``: the fixed costs of an epoch — one-process
+  training (:func:`gnnpar.trainer.fit` on :class:`gnnpar.serial.SerialRuntime`) of a graph
+  so small that its epoch is nearly all Python, autograd and kernel launches, at 2 and at 4
+  layers: a layer's cost is half the difference, the step's what is left of the 2-layer epoch;
+- ``elementwise_rate``: a few epochs of the same training on a small R-MAT graph; what the two
+  rates above and the fixed costs do not explain of its fastest epoch, per owned row × Σ
+  layer widths;
 - ``latency`` and ``bandwidth``: two local ranks (:func:`gnnpar.spawn.spawn`, gloo) exchange
   by :meth:`gnnpar.kernels.comm.Comm.all_to_all` one small and one large message per rank;
   latency = the small exchange's seconds (one message each way), bandwidth = the large one's
@@ -18,7 +22,7 @@ Each figure is the best of several repetitions after a warm-up (a shared machine
 time; the fastest repetition is the least disturbed one), with ``threads`` torch
 threads per process (default 1: the one-thread-per-rank layout of a strong-scaling sweep; a
 run with all cores in one process wants ``--threads`` = cores). The result is a JSON object
-with the four figures (read by :meth:`Machine.load`) and what was measured, where, when.
+with the figures (read by :meth:`Machine.load`) and what was measured, where, when.
 """
 from __future__ import annotations
 
@@ -80,22 +84,41 @@ def dense_rate(rows: int = 1 << 14, f: int = 128, repeats: int = 5) -> float:
     return 2.0 * rows * f * f / _best_seconds(lambda: x @ w, repeats)
 
 
-def elementwise_rate(spmm: float, dense: float, scale: int = 12, hidden: int = 64,
-                     layers: int = 3, epochs: int = 10) -> dict:
-    """Row-features/s of the rest of an epoch: one-process GCN training on
-    ``rmat:scale=S,ef=8``; the fastest epoch (after the warm-up, before the evaluating last
-    one) minus the SpMM and dense time the rates ``spmm`` and ``dense`` give it (at least a
-    tenth of the epoch is left to the elementwise term, so the rate stays finite)."""
-    g = load_dataset(f"rmat:scale={scale},ef=8")
+def _fastest_epoch(g, hidden: int, layers: int, epochs: int) -> float:
+    """The fastest epoch (after the warm-up, before the evaluating last one) of one-process
+    GCN training of ``g``."""
     torch.manual_seed(0)
     model = GNN("gcn", g.num_features, hidden, g.num_classes, layers, 0.5)
     hist = fit(model, SerialRuntime(g, model.norm, "cpu"),
                TrainConfig(epochs=epochs, eval_every=10 ** 9))
-    epoch = min(r["epoch_s"] for r in (hist[1:-1] or hist))
+    return min(r["epoch_s"] for r in (hist[1:-1] or hist))
+
+
+def fixed_costs(scale: int = 4, hidden: int = 8, epochs: int = 12) -> dict:
+    """``step_overhead`` and ``layer_overhead`` (seconds): epochs of ``rmat:scale=S,ef=8``
+    (2^S vertices: the work is negligible) at 2 and 4 layers. A layer costs half the
+    difference (at least 0), the step what is left of the 2-layer epoch (at least 0)."""
+    g = load_dataset(f"rmat:scale={scale},ef=8")
+    two, four = (_fastest_epoch(g, hidden, k, epochs) for k in (2, 4))
+    layer = max((four - two) / 2, 0.0)
+    return {"step_overhead": max(two - 2 * layer, 0.0), "layer_overhead": layer,
+            "epoch_2_layers_s": two, "epoch_4_layers_s": four,
+            "dataset": f"rmat:scale={scale},ef=8"}
+
+
+def elementwise_rate(spmm: float, dense: float, scale: int = 12, hidden: int = 64,
+                     layers: int = 3, epochs: int = 10, fixed_s: float = 0.0) -> dict:
+    """Row-features/s of the rest of an epoch: one-process GCN training on
+    ``rmat:scale=S,ef=8``; the fastest epoch minus the SpMM and dense time the rates ``spmm``
+    and ``dense`` give it and the fixed cost ``fixed_s`` of its layers (at least a tenth of the
+    epoch is left to the elementwise term, so the rate stays finite)."""
+    g = load_dataset(f"rmat:scale={scale},ef=8")
+    epoch = _fastest_epoch(g, hidden, layers, epochs)
     widths = [g.num_features] + [hidden] * (layers - 1) + [g.num_classes]
     w = epoch_work(Structure.from_graph(g, np.zeros(g.num_nodes, np.int64), 1), "1d", "gcn",
                    widths)
-    rest = max(epoch - w["spmm_flops"][0] / spmm - w["dense_flops"][0] / dense, epoch / 10)
+    rest = max(epoch - w["spmm_flops"][0] / spmm - w["dense_flops"][0] / dense - fixed_s,
+               epoch / 10)
     return {"elementwise_rate": float(w["elementwise"][0]) / rest, "epoch_s": epoch,
             "rest_s": rest, "dataset": f"rmat:scale={scale},ef=8", "widths": widths}
 
@@ -128,8 +151,8 @@ def link_rates(small: int = 1, large: int = 1 << 21, repeats: int = 9) -> dict:
 
 
 def calibrate(threads: int = 1, quick: bool = False) -> dict:
-    """Run the probe; returns the calibration record (the four :class:`Machine` figures and
-    what was measured). ``quick``: smaller problems (tests)."""
+    """Run the probe; returns the calibration record (the :class:`Machine` figures and what
+    was measured). ``quick``: smaller problems (tests)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -137,16 +160,24 @@ def calibrate(threads: int = 1, quick: bool = False) -> dict:
         scale = 4 if quick else 1
         s = spmm_rate(rows=(1 << 15) // scale)
         d = dense_rate(rows=(1 << 14) // scale)
-        rest = elementwise_rate(s, d, scale=9 if quick else 12, epochs=4 if quick else 10)
+        fixed = fixed_costs(epochs=6 if quick else 12)
+        layers = 3
+        rest = elementwise_rate(s, d, scale=9 if quick else 12, layers=layers,
+                                epochs=4 if quick else 10,
+                                fixed_s=fixed["step_overhead"]
+                                + layers * fixed["layer_overhead"])
     finally:
         torch.set_num_threads(old)
     link = link_rates(large=(1 << 21) // scale, repeats=5 if quick else 9)
     machine = Machine(bandwidth=link["bandwidth"], latency=link["latency"], spmm_rate=s,
-                      dense_rate=d, elementwise_rate=rest["elementwise_rate"])
+                      dense_rate=d, elementwise_rate=rest["elementwise_rate"],
+                      step_overhead=fixed["step_overhead"],
+                      layer_overhead=fixed["layer_overhead"])
     return {**machine.to_dict(), "threads": threads, "host": platform.node(),
             "cpus": os.cpu_count(), "torch": torch.__version__,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "probe_s": round(time.perf_counter() - t0, 3), "link": link, "epoch": rest}
+            "probe_s": round(time.perf_counter() - t0, 3), "link": link, "epoch": rest,
+            "fixed": fixed}
 
 
 def check_target(path: str) -> None:

@@ -3,6 +3,7 @@ the cost model, without running anything.
 
     gnnpar-plan --dataset rmat:scale=16,ef=16 --world 8
     gnnpar-plan --dataset rmat:scale=16,ef=16 --world 8 --partitioner metis   # exact, per rank
+    gnnpar-plan --dataset rmat:scale=16,ef=16 --world 8 --partitioner metis --comm-dtype bf16
     gnnpar-plan --nodes 111059956 --edges 1615685872 --features 128 --classes 172 \\
                 --world 256 --mem-cap 80GB          # ogbn-papers100M on 256 GPUs
     gnnpar-plan --calibrate [--calibration rates.json]   # probe this machine (seconds)
@@ -12,7 +13,10 @@ Times use the cost model's machine figures: a calibration file (``--calibration 
 ``GNNPAR_CALIBRATION``, written by ``--calibrate``), else the defaults of
 ``gnnpar.kernels.cost_model.Machine``; ``--bandwidth``/``--latency`` override either. With
 ``--partitioner`` the dataset is partitioned and bytes and messages are the busiest rank's
-(padded, as the collectives move them); otherwise they are the average rank's estimate.
+(``bytes`` padded, as the collectives move them; ``comm_bytes_max_rank`` logical, as
+``gnnpar-train`` logs them) on the blocks ``gnnpar-train`` builds with the same ``--seed``,
+``--block-layout``, ``--comm-dtype`` and ``--precision``; otherwise they are the average rank's
+estimate.
 """
 from __future__ import annotations
 
@@ -24,12 +28,15 @@ import sys
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.limits import MAX_BYTES_ENV, parse_bytes
+from gnnpar.kernels.blocks import BLOCK_LAYOUTS
+from gnnpar.kernels.comm import WIRE_DTYPES
 from gnnpar.kernels.cost_model import Machine, Structure, rank_algorithms
 from gnnpar.partitioners import partition_graph
 
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
 from .cli_common import run_cli
+from .precision import PRECISIONS
 
 PROG = "gnnpar-plan"
 #: most ranks a plan is made for: ranking every grid of a world size takes time and memory
@@ -112,7 +119,9 @@ def machine_from(args):
 def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, world: int,
          model: str, args, cut_fraction=None, structure=None):
     """The ranked rows (:func:`rank_algorithms`); ``structure`` (Â and a partition into
-    ``world`` parts) makes them exact and per busiest rank."""
+    ``world`` parts) makes them exact and per busiest rank. ``args``: the model's flags and the
+    run's (``block_layout``, ``seed``, ``comm_dtype``, ``precision``: gnnpar-plan's, or a
+    gnnpar-train :class:`~gnnpar.spec.RunSpec`), so the blocks and the wire are the run's."""
     if min(n, m, f_in, hidden, classes, layers, world) < 1:
         raise InputError("nodes, edges, features, hidden, classes, layers and world must be >= 1")
     check_world(world)
@@ -120,7 +129,7 @@ def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, worl
     cap = parse_bytes(args.mem_cap) if args.mem_cap else None
     return rank_algorithms(n, m, widths, world, kind=model, mem_cap=cap,
                            machine=machine_from(args), cut_fraction=cut_fraction,
-                           structure=structure)
+                           structure=structure, settings=args)
 
 
 def format_table(rows, top: int) -> str:
@@ -146,7 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitioner", default=None,
                    help="with --dataset: partition it (block | random | metis | kaminpar) and "
                         "model every rank exactly (default: average-rank estimate)")
-    p.add_argument("--seed", type=int, default=0, help="partitioner seed (with --partitioner)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the run's --seed: the partitioner's and the balanced block layout's "
+                        "(with --partitioner)")
+    p.add_argument("--block-layout", default="balanced", choices=BLOCK_LAYOUTS,
+                   help="the run's --block-layout: 2d/3d/4d row ownership (balanced: the seeded "
+                        "random balanced set; parts: the partition's parts)")
+    p.add_argument("--comm-dtype", default="fp32", choices=tuple(WIRE_DTYPES),
+                   help="the run's --comm-dtype: wire format of the SpMM exchanges (the "
+                        "gradient all-reduce and 3d's matrix pieces stay as they are)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="the run's --precision (bf16: the SpMM exchanges move bf16 features)")
     p.add_argument("--calibrate", action="store_true",
                    help="probe this machine (a few seconds: SpMM, dense and elementwise rates, "
                         f"latency and bandwidth of 2 local gloo ranks) and write the figures to --calibration "
@@ -176,7 +195,9 @@ def run_calibrate(args) -> int:
     print(f"wrote {path}: bandwidth {record['bandwidth'] / 1e9:.3g} GB/s, latency "
           f"{record['latency'] * 1e6:.3g} us, SpMM {record['spmm_rate'] / 1e9:.3g} GFLOP/s, "
           f"dense {record['dense_rate'] / 1e9:.3g} GFLOP/s, elementwise "
-          f"{record['elementwise_rate'] / 1e9:.3g} G row-features/s ({args.threads} thread(s), "
+          f"{record['elementwise_rate'] / 1e9:.3g} G row-features/s, fixed "
+          f"{record['step_overhead'] * 1e3:.3g} ms a step + {record['layer_overhead'] * 1e3:.3g} "
+          f"ms a layer ({args.threads} thread(s), "
           f"probe {record['probe_s']:.1f} s)")
     return 0
 

@@ -57,6 +57,18 @@ def layout_options(settings, per_group: bool) -> dict:
     return {"permute": layout == "balanced", "seed": int(getattr(settings, "seed", 0) or 0)}
 
 
+def layout_owner(options: dict, owner: np.ndarray, p: int) -> np.ndarray:
+    """Each vertex's owner rank in the blocks a grid builder makes with ``options`` (its
+    :func:`layout_options` among them): the seeded balanced ownership when ``permute``
+    (:meth:`Ownership.permuted_over`, the very call the builders make), else ``owner``, the
+    shards' partition. The cost model lays Â out with it, so it predicts the blocks the run
+    builds."""
+    owner = np.asarray(owner, np.int64)
+    if not options.get("permute"):
+        return owner
+    return Ownership.permuted_over(int(owner.shape[0]), p, int(options.get("seed", 0))).owner
+
+
 def nnz_balance(comm: Comm, ops) -> tuple:
     """(max, mean) over the ranks of the non-zeros of Â each holds (``op.local_nnz``).
 

@@ -3,23 +3,25 @@
 An algorithm's :class:`Cost` (its field ``cost`` in :mod:`gnnpar.kernels.algorithms`) says, in
 the terms of :mod:`gnnpar.kernels.cost_model`:
 
-- ``exact(structure, dims, variant, layers, rotate)``: an object whose ``spmm(f, layer)``
-  returns per-rank arrays ``(fwd bytes, fwd msgs, bwd bytes, bwd msgs)`` of one SpMM of width
-  f, equal to what :class:`gnnpar.kernels.comm.Comm` counts (:class:`LinearCounts` when the
-  rows sent do not depend on f);
-- ``estimate(sizes, dims, variant)``: a function ``(f, needs_backward) -> (bytes, messages,
-  recv_rows)`` for the average rank of a graph known only by its :class:`Sizes`
+- ``exact(structure, dims, variant, layers, rotate)``: an object whose ``spmm(f, layer,
+  wire)`` returns per-rank arrays ``(fwd bytes, fwd msgs, bwd bytes, bwd msgs)`` of one SpMM of
+  width f whose feature rows travel at ``wire`` bytes an element, equal to what
+  :class:`gnnpar.kernels.comm.Comm` counts (:class:`LinearCounts` when the rows sent do not
+  depend on f);
+- ``estimate(sizes, dims, variant)``: a function ``(f, needs_backward, wire) -> (bytes,
+  messages, recv_rows)`` for the average rank of a graph known only by its :class:`Sizes`
   (:func:`per_feature` when the rows sent do not depend on f);
 - ``matrix_bytes(a, n, m, dims, layers)`` (optional): peak bytes of Â a rank stores, given
   ``a`` = Â and Âᵀ as CSR over its owned rows (the default when absent);
 - ``candidates(p)`` (optional): the ``(dims, variant)`` pairs ``--algo auto`` and
   ``gnnpar-plan`` rank at world size p; absent = never chosen automatically;
-- ``padding(structure, dims, variant)`` (optional): per-rank arrays ``(fwd, bwd)`` of the rows
-  per feature that ``all_gather``/``reduce_scatter`` move beyond the logical count (they pad
-  every member's chunk to the group's largest: :func:`gather_padding`, :func:`reduce_padding`);
-  absent = none, unless the ``exact`` counts object has a ``padding_bytes(f, layer)`` method
-  giving per-rank ``(fwd, bwd)`` padded bytes itself (3d: its feature slices and Â pieces do
-  not pad rows × f);
+- ``padding(structure, dims, variant, reduce)`` (optional): per-rank arrays ``(fwd, bwd)`` of
+  the rows per feature that ``all_gather``/``reduce_scatter`` move beyond the logical count
+  (they pad every member's chunk to the group's largest: :func:`gather_padding`,
+  :func:`reduce_padding`; ``reduce=False``: the all-gathers' alone, since a low-precision
+  reduce-scatter travels as an all-to-all, which pads nothing); absent = none, unless the
+  ``exact`` counts object has a ``padding_bytes(f, layer, wire, reduce)`` method giving per-rank
+  ``(fwd, bwd)`` padded bytes itself (3d: its feature slices and Â pieces do not pad rows × f);
 - ``work(structure, dims, variant, layers, rotate)`` (optional): a function ``(f, layer)`` ->
   per-rank multiply-adds of one SpMM of width f (the rank's non-zeros × the features it
   multiplies); absent = the cost model's table for the built-in kernels, else the owned rows'
@@ -27,6 +29,12 @@ the terms of :mod:`gnnpar.kernels.cost_model`:
 
 ``dims`` is the algorithm's grid in the cost model's convention: None (1D), c (1.5d),
 (pr, pc) (2d), (px, py, pz) (3d/4d).
+
+**The wire.** Every floating tensor an SpMM exchanges (feature rows, their gradients, partial
+sums) travels at ``wire`` bytes an element: the ``--comm-dtype``, else the features' own dtype
+(bf16 under ``--precision bf16``), else float32 (:data:`F32`). Everything else keeps its dtype:
+the weights' gradient all-reduce (float32, :func:`allreduce_bytes`), index plans, and 3d's Â
+pieces (int64 row pointers and indices, float32 values sent exactly).
 """
 from __future__ import annotations
 
@@ -155,9 +163,9 @@ class LinearCounts:
     def __init__(self, rows, msgs):
         self.rows, self.msgs = rows, msgs
 
-    def spmm(self, f: int, layer: int):
-        """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank."""
-        return (self.rows[0] * f * F32, self.msgs[0], self.rows[1] * f * F32, self.msgs[1])
+    def spmm(self, f: int, layer: int, wire: int = F32):
+        """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank, ``wire`` bytes an element."""
+        return (self.rows[0] * f * wire, self.msgs[0], self.rows[1] * f * wire, self.msgs[1])
 
 
 # ----------------------------------------------------------------- estimates (no partition)
@@ -202,8 +210,8 @@ def partners(rows: float, g: int) -> float:
 
 def per_feature(fwd_rows, bwd_rows, fwd_msgs, bwd_msgs, recv_rows):
     """An estimate whose rows sent do not depend on f: rows and received rows per feature."""
-    def spmm(f: int, back: bool):
-        return ((fwd_rows + (bwd_rows if back else 0)) * f * F32,
+    def spmm(f: int, back: bool, wire: int = F32):
+        return ((fwd_rows + (bwd_rows if back else 0)) * f * wire,
                 fwd_msgs + (bwd_msgs if back else 0), recv_rows * f)
     return spmm
 
@@ -222,7 +230,7 @@ class Cost:
 
 
 # ----------------------------------------------------------------- padding and work rules
-def no_padding(s: Structure, dims, variant):
+def no_padding(s: Structure, dims, variant, reduce: bool = True):
     """Per-rank padded rows (forward, backward) of an algorithm that pads nothing
     (all-to-all moves exactly its rows)."""
     return np.zeros(s.p, np.int64), np.zeros(s.p, np.int64)

@@ -95,9 +95,9 @@ def candidates_15d(p: int):
     return [(c, v) for c in range(2, p + 1) if p % c == 0 for v in VARIANTS]
 
 
-def padding_15d(s, c, variant):
+def padding_15d(s, c, variant, reduce: bool = True):
     """1.5d is the 2d block product on the (p/c) × c grid (``replica`` as the column axis)."""
-    return padding_2d(s, (s.p // int(c), int(c)), variant)
+    return padding_2d(s, (s.p // int(c), int(c)), variant, reduce)
 
 
 SPMM_15D = Algorithm(

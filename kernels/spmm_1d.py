@@ -101,11 +101,13 @@ def estimate_1d(s, dims, variant):
     return per_feature((p - 1) * nr, n - nr, coll(p), coll(p), n)
 
 
-def padding_1d(s, dims, variant):
+def padding_1d(s, dims, variant, reduce: bool = True):
     """Rows padded per rank (forward, backward): the all-gather of every block over all ranks,
-    its reduce-scatter in the backward."""
+    its reduce-scatter in the backward (none when ``reduce`` is False: see
+    :mod:`gnnpar.kernels.cost_terms`)."""
     group = np.zeros(s.p, np.int64)
-    return gather_padding(s.sizes, group), reduce_padding(s.sizes, group)
+    back = reduce_padding(s.sizes, group) if reduce else np.zeros(s.p, np.int64)
+    return gather_padding(s.sizes, group), back
 
 
 SPMM_1D = Algorithm(

@@ -192,17 +192,19 @@ def candidates_2d(p: int):
     return [(dims, v) for dims in factorisations(p, 2) for v in VARIANTS]
 
 
-def padding_2d(s, dims, variant):
+def padding_2d(s, dims, variant, reduce: bool = True):
     """Rows padded per rank (forward, backward). ``bcast``: gather over ``row`` (the ranks of
-    column j) and reduce-scatter over ``col`` (those of row i) forward, the reverse backward;
-    ``halo`` moves by all-to-all (no padding)."""
+    column j) and reduce-scatter over ``col`` (those of row i) forward, the reverse backward
+    (the reduce-scatters' only when ``reduce``, see :mod:`gnnpar.kernels.cost_terms`); ``halo``
+    moves by all-to-all (no padding)."""
     if variant != "bcast":
         return no_padding(s, dims, variant)
     pr, pc = dims
     q = np.arange(s.p)
     i, j = q // pc, q % pc
-    return (gather_padding(s.sizes, j) + reduce_padding(s.sizes, i),
-            gather_padding(s.sizes, i) + reduce_padding(s.sizes, j))
+    k = 1 if reduce else 0
+    return (gather_padding(s.sizes, j) + k * reduce_padding(s.sizes, i),
+            gather_padding(s.sizes, i) + k * reduce_padding(s.sizes, j))
 
 
 def block_of(s, dims):

@@ -270,8 +270,9 @@ class CubeCounts:
                                          for a in AXES3), dims)
                                          for zz in range(pz)], 1)))
 
-    def spmm(self, f: int, layer: int):
-        """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank."""
+    def spmm(self, f: int, layer: int, wire: int = F32):
+        """(fwd bytes, fwd msgs, bwd bytes, bwd msgs) per rank: feature slices at ``wire``
+        bytes an element, the Â pieces as they are (int64 indices, exact float32 values)."""
         o = self.orients[layer % len(self.orients)]
         pz, px, py, z = o["pz"], o["px"], o["py"], o["z"]
         wb = [(f * k) // pz for k in range(pz + 1)]
@@ -280,33 +281,35 @@ class CubeCounts:
         n_me = self.n_r
         nz = self.n_r[o["zgroup"]]                       # (p, pz) owned rows of (x, y, ·)
         not_me = np.arange(pz)[None, :] != z[:, None]
-        split_b = (n_me[:, None] * w[None, :] * not_me).sum(1) * F32
+        split_b = (n_me[:, None] * w[None, :] * not_me).sum(1) * wire
         split_m = ((n_me[:, None] * w[None, :] > 0) & not_me).sum(1)
-        join_b = (nz * wz[:, None] * not_me).sum(1) * F32
+        join_b = (nz * wz[:, None] * not_me).sum(1) * wire
         join_m = ((nz * wz[:, None] > 0) & not_me).sum(1)
         a_fwd = coll(pz) * (8 * (o["rows_z"] + 1) + 12 * o["nnz"])
         a_bwd = coll(pz) * (8 * (o["C"] + 1) + 12 * o["nnz"])
-        fwd_b = (split_b + coll(px) * o["Nxy"] * wz * F32 + a_fwd
-                 + (o["R"] - o["Nxy"]) * wz * F32 * (py > 1) + join_b)
-        bwd_b = (split_b + coll(py) * o["Nxy"] * wz * F32 + a_bwd
-                 + (o["C"] - o["Nxy"]) * wz * F32 * (px > 1) + join_b)
+        fwd_b = (split_b + coll(px) * o["Nxy"] * wz * wire + a_fwd
+                 + (o["R"] - o["Nxy"]) * wz * wire * (py > 1) + join_b)
+        bwd_b = (split_b + coll(py) * o["Nxy"] * wz * wire + a_bwd
+                 + (o["C"] - o["Nxy"]) * wz * wire * (px > 1) + join_b)
         fwd_m = split_m + coll(px) + 3 * coll(pz) + coll(py) + join_m
         bwd_m = split_m + coll(py) + 3 * coll(pz) + coll(px) + join_m
         return fwd_b, fwd_m, bwd_b, bwd_m
 
-    def padding_bytes(self, f: int, layer: int):
+    def padding_bytes(self, f: int, layer: int, wire: int = F32, reduce: bool = True):
         """(fwd, bwd) bytes per rank that the collectives move beyond :meth:`spmm`'s logical
         count (every member's chunk padded to its group's largest): the feature slices'
-        all-gather and reduce-scatter, and the Â pieces' all-gathers over Z (int64 row
-        pointers and column indices, float32 values). The all-to-alls pad nothing."""
+        all-gather and reduce-scatter (``reduce=False``: a low-precision wire's reduce-scatter
+        travels as an all-to-all, which pads nothing), and the Â pieces' all-gathers over Z
+        (int64 row pointers and column indices, float32 values). The all-to-alls pad nothing."""
         o = self.orients[layer % len(self.orients)]
         pz = o["pz"]
-        wz = np.diff([(f * k) // pz for k in range(pz + 1)])[o["z"]] * F32
+        wz = np.diff([(f * k) // pz for k in range(pz + 1)])[o["z"]] * wire
         Nxy, gx, gy, gz = o["Nxy"], o["gx"], o["gy"], o["gz"]
+        k = 1 if reduce else 0
         nnz_pad = gather_padding(o["nnz"], gz) * 12
-        fwd = ((gather_padding(Nxy, gx) + reduce_padding(Nxy, gy)) * wz
+        fwd = ((gather_padding(Nxy, gx) + k * reduce_padding(Nxy, gy)) * wz
                + gather_padding(o["rows_z"] + 1, gz) * 8 + nnz_pad)
-        bwd = ((gather_padding(Nxy, gy) + reduce_padding(Nxy, gx)) * wz
+        bwd = ((gather_padding(Nxy, gy) + k * reduce_padding(Nxy, gx)) * wz
                + gather_padding(o["C"] + 1, gz) * 8 + nnz_pad)
         return fwd, bwd
 
@@ -333,11 +336,11 @@ def estimate_3d(s, dims, variant):
     a_f = coll(pz) * (8 * (R / pz + 1) + 12 * mr)
     a_b = coll(pz) * (8 * (C + 1) + 12 * mr)
 
-    def spmm(f: int, back: bool):
+    def spmm(f: int, back: bool, wire: int = F32):
         wz = f / pz
-        split = nr * f * (pz - 1) / pz * F32 * 2
-        fb = split + ((px - 1) * Nxy + (R - Nxy)) * wz * F32 + a_f
-        bb = split + ((py - 1) * Nxy + (C - Nxy)) * wz * F32 + a_b
+        split = nr * f * (pz - 1) / pz * wire * 2
+        fb = split + ((px - 1) * Nxy + (R - Nxy)) * wz * wire + a_f
+        bb = split + ((py - 1) * Nxy + (C - Nxy)) * wz * wire + a_b
         k = 2 * coll(pz) + coll(px) + coll(py) + 3 * coll(pz)
         return fb + (bb if back else 0), k * (2 if back else 1), (R + C) * wz
     return spmm

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from gnnpar.calibrate import save
 
 from .cli_util import ROOT
@@ -30,7 +32,13 @@ def test_sweep_runs_and_predicts(tmp_path):
     for r in rows:
         assert r["epoch_s"] > 0 and 0 <= r["comm_share"] <= 1
         assert r["speedup_1x1"] == base["epoch_s"] / r["epoch_s"]
-        assert r["predicted_s"] == r["predicted_compute_s"] + r["predicted_comm_s"] > 0
+        assert r["predicted_s"] == pytest.approx(
+            r["predicted_compute_s"] + r["predicted_comm_s"] + r["predicted_fixed_s"])
+        assert r["predicted_fixed_s"] > 0  # the machine's default fixed costs
+        assert r["predicted_over_measured"] == pytest.approx(r["predicted_s"] / r["epoch_s"])
     two = rows[1:]
     assert all(r["bytes_max_rank"] > 0 and r["predicted_comm_s"] > 0 for r in two)
-    assert "pred/min" in res.stdout and "1d-halo" in res.stdout
+    # the model's bytes are the run's: same partition, layout and seed
+    assert all(r["predicted_bytes_max_rank"] == r["bytes_max_rank"] for r in rows)
+    assert "pred/med" in res.stdout and "1d-halo" in res.stdout
+    assert "of the measured epoch: " in res.stdout and "of 2 runs" in res.stdout

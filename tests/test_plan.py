@@ -11,6 +11,7 @@ from gnnpar.calibrate import CALIBRATION_ENV, calibrate, save
 from gnnpar.datasets import InputError
 from gnnpar.kernels.cost_model import Machine, rank_algorithms
 from gnnpar.plan_cli import check_model_args, machine_from, main, parse_bytes
+from gnnpar.spec import RunSpec
 
 
 def test_parse_bytes():
@@ -65,7 +66,10 @@ def test_calibration_file_round_trip_and_plan_uses_it(tmp_path, capsys, monkeypa
     monkeypatch.delenv(CALIBRATION_ENV, raising=False)
     path = tmp_path / "rates.json"
     save({**SLOW, "threads": 1, "host": "test"}, str(path))
-    assert Machine.load(str(path)) == Machine(**SLOW)
+    assert Machine.load(str(path)) == Machine(**SLOW)  # fixed costs absent: the defaults
+    free = tmp_path / "free.json"
+    save({**SLOW, "step_overhead": 0.0, "layer_overhead": 0.5}, str(free))
+    assert Machine.load(str(free)).fixed_s(3) == 1.5  # 0 is a fixed cost, not a missing one
     assert main(PAPERS + ["--calibration", str(path)]) == 0
     calibrated = _rows(capsys)
     assert main(PAPERS) == 0
@@ -80,7 +84,8 @@ def test_calibration_file_round_trip_and_plan_uses_it(tmp_path, capsys, monkeypa
 
 @pytest.mark.parametrize("bad", ['{"bandwidth": 1}', "not json",
                                  json.dumps({**SLOW, "latency": -1.0}),
-                                 json.dumps({**SLOW, "spmm_rate": "fast"})])
+                                 json.dumps({**SLOW, "spmm_rate": "fast"}),
+                                 json.dumps({**SLOW, "layer_overhead": -1.0})])
 def test_bad_calibration_file_is_an_input_error(tmp_path, bad):
     path = tmp_path / "rates.json"
     path.write_text(bad)
@@ -108,6 +113,10 @@ def test_calibrate_probe_writes_a_usable_file(tmp_path, capsys):
     record = calibrate(quick=True)
     for key in ("bandwidth", "latency", "spmm_rate", "dense_rate", "elementwise_rate"):
         assert record[key] > 0
+    assert record["step_overhead"] >= 0 and record["layer_overhead"] >= 0
+    assert record["step_overhead"] + record["layer_overhead"] > 0  # an epoch is not free
+    assert Machine.from_dict(record).fixed_s(2) == pytest.approx(
+        record["step_overhead"] + 2 * record["layer_overhead"])
     assert record["latency"] < 1.0 and record["spmm_rate"] < record["dense_rate"] * 100
     path = tmp_path / "cal.json"
     assert main(["--calibrate", "--calibration", str(path)]) == 0
@@ -160,7 +169,6 @@ def test_auto_models_the_partition_the_run_uses():
     from gnnpar.partitioners import partition_graph
     from gnnpar.plan_cli import plan
     from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
     spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=3, partitioner="random",
                    seed=4, quiet=True)
     chosen, graph, part = choose_algorithm(spec, 3, exact=True)
@@ -173,3 +181,38 @@ def test_auto_models_the_partition_the_run_uses():
     assert chosen.algo == rows[0]["algo"]
     _, _, none = choose_algorithm(spec, 3)  # a launcher's ranks partition on their own
     assert none is None
+
+
+def test_auto_models_the_runs_blocks_and_wire():
+    """--algo auto ranks on what the run will build: ``--comm-dtype bf16`` halves every
+    algorithm's feature bytes but not the gradient all-reduce nor 3d's Â pieces, and
+    ``--block-layout``/``--seed`` move 2d's and 3d's blocks but not the partition's algorithms
+    (1d, 1d-halo, 1.5d); the choice is the top row of those settings."""
+    from gnnpar.kernels.cost_model import Structure
+    from gnnpar.launch import choose_algorithm
+    from gnnpar.plan_cli import plan
+    from gnnpar.shard_source import load_graph, run_partition
+    spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=4, partitioner="metis",
+                   seed=4, quiet=True)
+    g = load_graph(spec)
+    s = Structure.from_graph(g, run_partition(spec, g, 4).owner, 4)
+
+    def rows(**flags):
+        out = plan(g.num_nodes, g.num_edges + g.num_nodes, g.num_features, spec.hidden,
+                   g.num_classes, spec.layers, 4, spec.model, spec.evolve(**flags), structure=s)
+        return {(r["algo"], r["grid"], r["variant"]): r["comm_bytes_max_rank"] for r in out}, out
+    fp32, _ = rows()
+    bf16, ranked = rows(comm_dtype="bf16")
+    for key, b in fp32.items():  # the features halve; the gradient sum (and 3d's Â) do not
+        assert b / 2 < bf16[key] < b, key
+    parts, _ = rows(block_layout="parts")
+    seed, _ = rows(seed=5)  # the layout's seed (the partition given is the same)
+    for key in fp32:
+        partition_layout = key[0] in ("1d", "1d-halo", "1.5d")
+        assert (parts[key] == fp32[key]) == partition_layout, key
+        if partition_layout:
+            assert seed[key] == fp32[key], key
+    for algo in ("2d", "3d"):  # (2d bcast moves what the block sizes say, whatever the seed)
+        assert any(seed[k] != fp32[k] for k in fp32 if k[0] == algo), algo
+    chosen, _, _ = choose_algorithm(spec.evolve(comm_dtype="bf16"), 4, exact=True)
+    assert chosen.algo == ranked[0]["algo"] and chosen.grid in (None, ranked[0]["grid"])
