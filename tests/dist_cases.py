@@ -107,3 +107,104 @@ def fail_mid_epoch(rank, world, victim, how):
 
     fit(model, rt, TrainConfig(epochs=50), on_epoch)
     return "finished"
+
+
+# ---------------------------------------------------------------- the compiled CPU SpMM
+
+
+def compiled_equivalence(rank, world, cases, n, kinds, precisions, force=True):
+    """The distributed algorithms on the compiled CPU SpMM (:mod:`gnnpar.kernels.cpu_spmm`)
+    against the serial trainer on ``torch.sparse.mm``.
+
+    The test graphs are far below the kernel's size rule, which would send every product to
+    torch, so with ``force`` this rank sets ``MIN_WIDTH = MIN_WORK = 0`` in itself (a spawned
+    child does not see the parent's monkeypatching) and counts the compiled kernel's calls by
+    dtype, to prove it served the products. ``cases``: (label, algo, dims, algo_kw);
+    ``precisions``: "fp32" and/or "bf16" (the forward under bf16 autocast, as
+    ``--precision bf16`` runs it). Returns, per (label, precision), the largest relative
+    errors (forward, gradients — in bf16 relative to the largest gradient of the model —,
+    3-epoch loss per kind), the output dtype per kind and
+    ``calls`` {dtype name: compiled-kernel calls}.
+    """
+    import os
+    from collections import Counter
+
+    from gnnpar.kernels import cpu_spmm
+    from gnnpar.precision import autocast, loss_logits
+
+    def step(model, rt, count, precision):
+        model.zero_grad()
+        with autocast(precision, "cpu"):
+            out = model(rt.op, rt.x)
+        m = rt.masks["train"]
+        loss = torch.nn.functional.cross_entropy(loss_logits(out[m]), rt.y[m],
+                                                 reduction="sum") / count
+        loss.backward()
+        rt.sync_grads(list(model.parameters()))
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    def curve(kind, rt, precision):
+        torch.manual_seed(1)
+        m = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+        cfg = TrainConfig(epochs=3, lr=0.05, precision=precision)
+        return [r["loss"] for r in fit(m, rt, cfg)]
+
+    g = random_graph(n=n, f=6, classes=3, seed=11, directed=True)
+    shard = build_shard(g, partition_graph(g, world, "random", seed=3), rank,
+                        norms=("gcn", "mean"))
+    # the reference runs on torch.sparse.mm, whatever the size rule: independent of the kernel
+    env = os.environ.get(cpu_spmm.ENV)
+    os.environ[cpu_spmm.ENV] = "torch"
+    serial = {}
+    for kind in kinds:
+        for precision in precisions:
+            torch.manual_seed(0)
+            model = GNN(kind, 6, 7, 3, layers=3, dropout=0.0)
+            rt_s = SerialRuntime(g, model.norm)
+            count = float(rt_s.masks["train"].sum())
+            serial[kind, precision] = (model, count, *step(model, rt_s, count, precision),
+                                       curve(kind, rt_s, precision))
+    if env is None:
+        del os.environ[cpu_spmm.ENV]
+    else:
+        os.environ[cpu_spmm.ENV] = env
+
+    if force:
+        cpu_spmm.MIN_WIDTH = cpu_spmm.MIN_WORK = 0
+    calls = Counter()
+    kernels = cpu_spmm._compiled()[1]  # cached: every later product looks its kernel up here
+
+    def counting(dtype, kernel):
+        def call(*args):
+            calls[str(dtype)] += 1
+            return kernel(*args)
+        return call
+
+    for dtype, kernel in list(kernels.items()):
+        kernels[dtype] = counting(dtype, kernel)
+
+    out = {}
+    for label, algo, dims, algo_kw in cases:
+        grid = make_grid(algo, world, dims, 1)
+        for precision in precisions:
+            calls.clear()
+            errs, dtypes = {}, {}
+            for kind in kinds:
+                model, count, out_s, grads_s, curve_s = serial[kind, precision]
+                rt = DistRuntime(grid, shard, algo, model.norm, "cpu", **algo_kw)
+                out_d, grads_d = step(model, rt, count, precision)
+                ids = torch.as_tensor(rt.global_ids)
+                errs[f"{kind}/forward"] = rel_err(out_d.float(), out_s.float()[ids])
+                if precision == "fp32":
+                    errs[f"{kind}/grads"] = max(rel_err(a, b) for a, b in zip(grads_d, grads_s))
+                else:
+                    # relative to the model's largest gradient: a ReLU whose bf16 input
+                    # rounds to the other side drops or adds one vertex's share of a small
+                    # tensor's gradient (sage, layer 0: 0.003 of that tensor's 0.018, the
+                    # largest gradient 0.22; the same on torch.sparse.mm)
+                    errs[f"{kind}/grads"] = rel_err(torch.cat([a.flatten() for a in grads_d]),
+                                                    torch.cat([b.flatten() for b in grads_s]))
+                errs[f"{kind}/loss"] = rel_err(curve(kind, rt, precision), curve_s)
+                dtypes[kind] = str(out_d.dtype)
+            out[label, precision] = {"errs": errs, "dtypes": dtypes, "calls": dict(calls)}
+    return out
