@@ -2,9 +2,12 @@
 (:func:`check_memory`) before the work starts, so a spec like ``rmat:scale=31`` or an npz
 header claiming 10^12 rows is refused with exit 2 naming the size instead of exhausting the
 machine. The limit is ``--max-memory`` / ``GNNPAR_MAX_BYTES``, else 80 % of this machine's
-memory."""
+memory: the smallest of physical RAM, the cgroup limit and ``ulimit -v`` (``RLIMIT_AS``).
+Disk is judged the same way (:func:`check_disk`): what a write needs against the free space
+of the file system it lands on, before it starts."""
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -12,11 +15,16 @@ from typing import Tuple
 
 from .errors import InputError
 
+try:
+    import resource
+except ImportError:  # not a Unix: no rlimits
+    resource = None
+
 #: environment variable holding the memory limit in bytes (``gnnpar-train --max-memory`` sets it,
 #: so spawned ranks inherit it); units are accepted too: ``64GiB``, ``2e11``.
 MAX_BYTES_ENV = "GNNPAR_MAX_BYTES"
-#: share of this machine's memory (physical RAM or the cgroup limit, the smaller) that an input
-#: may need before it is refused, when no limit is set.
+#: share of this machine's memory (physical RAM, the cgroup limit or ``ulimit -v``, the
+#: smallest) that an input may need before it is refused, when no limit is set.
 DEFAULT_MEMORY_SHARE = 0.8
 #: the class count may exceed the node count (small test graphs) up to this floor; more
 #: classes than max(nodes, floor) means a label is an id that was never remapped to 0..C-1.
@@ -52,8 +60,9 @@ def format_bytes(nbytes: float) -> str:
 
 
 def machine_memory() -> int:
-    """Bytes of memory this process may use: physical RAM, or the cgroup limit when smaller
-    (0 when neither can be read)."""
+    """Bytes of memory this process may use: physical RAM, or the cgroup limit or the address
+    space limit (``ulimit -v``, ``RLIMIT_AS``: past it every allocation fails) when smaller
+    (0 when none can be read)."""
     total = 0
     try:
         total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
@@ -73,7 +82,19 @@ def machine_memory() -> int:
             continue
         if 0 < limit < (total or limit + 1):
             total = limit
+    limit = address_space_limit()
+    if limit is not None and 0 < limit < (total or limit + 1):
+        total = limit
     return max(total, 0)
+
+
+def address_space_limit():
+    """The soft ``RLIMIT_AS`` (``ulimit -v``) in bytes, or None when unlimited or unknown."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError, AttributeError):  # no such limit here (resource is None)
+        return None
+    return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
 
 
 def memory_limit() -> Tuple[float, str]:
@@ -100,6 +121,66 @@ def check_memory(nbytes: float, what: str) -> None:
         raise InputError(f"{what} needs about {format_bytes(nbytes)} of memory, over the limit of "
                          f"{format_bytes(limit)} ({source}); if the machine really has that much, "
                          f"raise it with --max-memory SIZE or {MAX_BYTES_ENV}=SIZE")
+
+
+def existing_folder(path: str) -> str:
+    """``path`` itself when it exists, else its nearest existing parent: where a write of
+    ``path`` lands, file system and all."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    return probe
+
+
+def free_disk(path: str):
+    """(free bytes, block size) of the file system ``path`` would be written on, or None when
+    they cannot be read."""
+    try:
+        st = os.statvfs(existing_folder(path))
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize, st.f_frsize or 4096
+
+
+def check_disk(nbytes: float, path: str, what: str, reclaimed: float = 0) -> None:
+    """Refuse a write of about ``nbytes`` to ``path`` that the free space of its file system
+    (plus ``reclaimed``: bytes the write replaces) cannot hold, naming ``what`` needs it —
+    before the write starts, so no half-written output fills the disk."""
+    found = free_disk(path)
+    if found is None:
+        return
+    free = found[0]
+    if nbytes > free + reclaimed:
+        raise InputError(f"{what} needs about {format_bytes(nbytes)} of disk, more than the "
+                         f"{format_bytes(free + reclaimed)} free on the file system of "
+                         f"{existing_folder(path)}; free some space or write elsewhere")
+
+
+#: ``errno`` values of a write that found no room: no space left, a file over the size limit
+#: (``ulimit -f``), a quota exceeded
+DISK_FULL_ERRNOS = tuple(getattr(errno, name) for name in ("ENOSPC", "EFBIG", "EDQUOT")
+                         if hasattr(errno, name))
+
+
+#: numpy's ``tofile``/``np.save`` report a short ``fwrite`` — what a full disk, a quota or
+#: ``ulimit -f`` cause — without an errno: "96000 requested and 65504 written"
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when ``exc`` is a write that found the disk (or its quota, or ``ulimit -f``) full:
+    an OSError with one of :data:`DISK_FULL_ERRNOS`, or numpy's short write."""
+    return isinstance(exc, OSError) and (exc.errno in DISK_FULL_ERRNOS or exc.errno is None
+                                         and bool(_SHORT_WRITE.search(str(exc))))
+
+
+def disk_full_message(exc: OSError, where: str = "") -> str:
+    """One line for a write that found no room (:func:`is_disk_full`): the path (``where``,
+    else the file the error names) and that the disk is full."""
+    path = where or exc.filename or "a file"
+    why = exc.strerror or (os.strerror(exc.errno) if exc.errno else f"short write: {exc}")
+    return (f"{path}: the disk is full ({why}"
+            + (f" writing {exc.filename}" if where and exc.filename else "") + ")")
 
 
 def check_num_classes(num_classes: int, n: int, where: str = "num_classes",

@@ -242,20 +242,33 @@ def _bad_line(lines, dtype, ncols: int, first_line: int):
     return first_line, "?"  # pragma: no cover - np.fromstring and Python agree on what parses
 
 
-def read_csv_gz(path: str, dtype, block: int = 1 << 24) -> np.ndarray:
+def read_csv_gz(path: str, dtype, block: int = 1 << 24, held: int = 0,
+                row_bytes: int = 0) -> np.ndarray:
     """Parse a gzip'd comma-separated numeric table into a (rows, cols) array.
 
     Decompresses ``block`` bytes at a time and parses whole lines with ``np.fromstring``, so
     memory stays near one block plus the result. Every line must have the same number of
     fields; the first bad line is reported with its number.
+
+    A small file may inflate to far more than the memory it is allowed (a 2 MB file to
+    2 GiB of text): after every block, what the read holds so far — the rows parsed (twice:
+    the pieces and their concatenation), the unfinished line, the block's copies — plus
+    ``held`` (bytes the caller already holds) and ``row_bytes`` a row (what the caller will
+    build from each row) is judged by :func:`check_memory`, and the read is refused (exit 2,
+    naming the file and how far it inflated) as soon as it is over the limit.
     """
     if not os.path.isfile(path):
         raise InputError(f"file not found: {path}")
-    parts, ncols, lines_done, tail = [], None, 0, b""
+    parts, ncols, lines_done, tail, parsed, inflated = [], None, 0, b"", 0, 0
     try:
         with gzip.open(path, "rb") as f:
             while True:
                 chunk = f.read(block)
+                inflated += len(chunk)
+                check_memory(held + 2 * parsed + lines_done * row_bytes + 2 * len(tail)
+                             + 4 * len(chunk),
+                             f"{path} (inflated to {format_bytes(inflated)} so far, "
+                             f"{lines_done:,} rows)")
                 data = tail + chunk
                 if chunk:
                     cut = data.rfind(b"\n") + 1
@@ -275,6 +288,7 @@ def read_csv_gz(path: str, dtype, block: int = 1 << 24) -> np.ndarray:
                                          f"{np.dtype(dtype).name} value(s), got '{text}'")
                     parts.append(vals.reshape(nlines, ncols))
                     lines_done += nlines
+                    parsed += vals.nbytes
                 if not chunk:
                     break
     except (OSError, EOFError, zlib.error) as exc:
@@ -298,19 +312,25 @@ def _pick_split(root: str, split: Optional[str]) -> str:
     return os.path.join(base, found[0])
 
 
-def _ogb_raw_csv(raw: str):
-    """(edge_index (2, E), x (N, F), labels float64 (N,) with NaN = unlabelled) from the CSV layout."""
+def _ogb_raw_csv(raw: str, directed: bool = False):
+    """(edge_index (2, E), x (N, F), labels float64 (N,) with NaN = unlabelled) from the CSV
+    layout. Each file is read within the memory limit, counting what is already held and
+    what the graph will be built of: an edge row becomes a (2, E) copy and the CSR's sorted
+    int64 ends (:func:`_npz_graph_bytes`), a label row the int64 labels and three masks."""
     for fname in ("edge.csv.gz", "node-feat.csv.gz", "node-label.csv.gz"):
         if not os.path.isfile(os.path.join(raw, fname)):
             raise InputError(f"{raw} has no {fname} (nor data.npz)")
     x = read_csv_gz(os.path.join(raw, "node-feat.csv.gz"), np.float32)
     count_file = os.path.join(raw, "num-node-list.csv.gz")
     if os.path.isfile(count_file):
-        _check_node_count(read_csv_gz(count_file, np.int64), count_file, x.shape[0])
-    edges = read_csv_gz(os.path.join(raw, "edge.csv.gz"), np.int64)
+        _check_node_count(read_csv_gz(count_file, np.int64, held=x.nbytes), count_file,
+                          x.shape[0])
+    edges = read_csv_gz(os.path.join(raw, "edge.csv.gz"), np.int64, held=x.nbytes,
+                        row_bytes=16 + 48 * (1 if directed else 2))
     if edges.size and edges.shape[1] != 2:
         raise InputError(f"{raw}/edge.csv.gz must have 2 columns (src,dst), got {edges.shape[1]}")
-    labels = read_csv_gz(os.path.join(raw, "node-label.csv.gz"), np.float64)
+    labels = read_csv_gz(os.path.join(raw, "node-label.csv.gz"), np.float64,
+                         held=x.nbytes + 2 * edges.nbytes, row_bytes=8 + 3)
     return edges.T.reshape(2, -1), x, labels, "node-label.csv.gz"
 
 
@@ -374,7 +394,8 @@ def read_ogb(root: str, directed: bool = False, split: Optional[str] = None) -> 
         if not os.path.isfile(os.path.join(split_dir, f"{part}.csv.gz")):
             raise InputError(f"OGB split folder {split_dir} has no {part}.csv.gz")
     binary = os.path.isfile(os.path.join(raw, "data.npz"))
-    edge_index, x, labels, label_file = (_ogb_raw_npz if binary else _ogb_raw_csv)(raw)
+    edge_index, x, labels, label_file = (_ogb_raw_npz(raw) if binary
+                                         else _ogb_raw_csv(raw, directed))
     n = x.shape[0]
     if labels.ndim == 2 and labels.shape[1] != 1:
         raise InputError(f"{raw}/{label_file} has {labels.shape[1]} columns: multi-label tasks are not supported")

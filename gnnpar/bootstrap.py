@@ -43,6 +43,7 @@ from typing import List, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from gnnpar.cli_common import LostRank
 from gnnpar.datasets import InputError
 from gnnpar.kernels.comm import import_dynamo_first, init_process_group
 
@@ -398,7 +399,9 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
     """Join the process group described by ``info``; bind this rank's GPU when it has one.
 
     ``timeout`` (seconds) bounds rendezvous and every collective. A ``single`` world gets a
-    one-rank group on an in-memory store. ``local`` is the spawning parent, not a rank.
+    one-rank group on an in-memory store. ``local`` is the spawning parent, not a rank. A
+    peer that dies or never starts before the world is joined is a lost rank
+    (:class:`~gnnpar.cli_common.LostRank`: exit 3, one line), as one lost while training is.
     """
     if info.source == "local":
         raise ValueError("a local (--nprocs) world is joined by its spawned children, "
@@ -413,14 +416,36 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
     store = _MPI_STORES.pop(info.master_port, None) if info.source == "mpi" else None
     if info.world_size == 1 and info.master_port is None:
         init_process_group(name, store=dist.HashStore(), rank=0, world_size=1, timeout=td)
-    elif store is not None:  # mpirun: the store rank 0 bound while the world was detected
-        store.set_timeout(td)
-        init_process_group(name, store=store, rank=info.rank, world_size=info.world_size,
-                           timeout=td)
-    else:
-        init_process_group(name, init_method=info.init_method, rank=info.rank,
-                           world_size=info.world_size, timeout=td)
+        return DistContext(name, device)
+    try:
+        if store is not None:  # mpirun: the store rank 0 bound while the world was detected
+            store.set_timeout(td)
+            init_process_group(name, store=store, rank=info.rank, world_size=info.world_size,
+                               timeout=td)
+        else:
+            init_process_group(name, init_method=info.init_method, rank=info.rank,
+                               world_size=info.world_size, timeout=td)
+    except (RuntimeError, TimeoutError, ConnectionError) as exc:
+        if not _rendezvous_failed(exc):
+            raise
+        raise LostRank(f"rank {info.rank} of {info.world_size} could not join the "
+                       f"{info.source} world at {info.master_addr}:{info.master_port} within "
+                       f"--timeout {timeout:g} s: a peer died or never started "
+                       f"({' '.join(str(exc).split())[:200]})") from exc
     return DistContext(name, device)
+
+
+#: words of torch's rendezvous errors when a peer is missing: the store's "Timed out after
+#: 6 seconds waiting for clients. 1/2 clients joined", a client's "timed out ... trying to
+#: connect", gloo's "Connection closed by peer" / "refused" / "reset"
+_RENDEZVOUS_WORDS = ("timed out", "timeout", "connect", "closed", "refused", "reset", "joined")
+
+
+def _rendezvous_failed(exc: BaseException) -> bool:
+    """True when joining the process group failed because a peer (or the store's host) is
+    missing, rather than for a reason of this process."""
+    text = str(exc).lower()
+    return any(word in text for word in _RENDEZVOUS_WORDS)
 
 
 def shutdown() -> None:

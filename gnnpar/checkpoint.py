@@ -24,14 +24,12 @@ written. :class:`FolderLock` keeps a second run out of a folder.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import json
 import os
 import random
 import re
-import socket
 import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
@@ -40,7 +38,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gnnpar.datasets import InputError
+from gnnpar.datasets import InputError, owned
+from gnnpar.datasets.owned import LOCK_NAME, FolderBusy  # noqa: F401 - shared with shard folders
 from gnnpar.kernels.comm import control_all_reduce
 
 from .scratch import process_start
@@ -359,54 +358,11 @@ def agree_on_failure(failure, group=None):
 
 
 # ---------------------------------------------------------------- folder lock
-LOCK_NAME = ".gnnpar-lock"
+class FolderLock(owned.FolderLock):
+    """The lock every gnnpar folder shares (:class:`gnnpar.datasets.owned.FolderLock`); a
+    checkpoint folder's no-lock-support warning is a :class:`CheckpointWarning`."""
 
-
-class FolderBusy(InputError):
-    """Another live process holds the lock of a checkpoint folder."""
-
-
-class FolderLock:
-    """An exclusive ``fcntl.flock`` on ``FOLDER/.gnnpar-lock``, held until :meth:`release`
-    (or the process ends: the kernel drops it even after SIGKILL, so a crashed run never
-    leaves a stale lock). The holder's pid and host are written into the file for the message
-    a second run gets. A file system without lock support gives a warning, not an error."""
-
-    def __init__(self, folder: str, what: str = "folder"):
-        self.path = os.path.join(folder, LOCK_NAME)
-        self.fd: Optional[int] = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = self._holder()
-            self.release()
-            raise FolderBusy(f"{what} {folder} is in use by another run ({holder}); wait for "
-                             "it to finish or give another folder")
-        except OSError as e:  # e.g. ENOLCK: no locks on this file system
-            warnings.warn(f"cannot lock {self.path} ({e.strerror}): nothing stops a second run "
-                          "from writing into this folder", CheckpointWarning, stacklevel=2)
-            return
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-
-    def _holder(self) -> str:
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                pid, _, host = fh.read(200).strip().partition(" ")
-        except OSError:
-            return "pid unknown"
-        if not pid.isdigit():
-            return "pid unknown"
-        return f"pid {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            os.close(fd)  # drops the flock; the file stays (removing it would race a waiter)
+    warning = CheckpointWarning
 
 
 # ---------------------------------------------------------------- random states

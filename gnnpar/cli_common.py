@@ -7,21 +7,100 @@ import os
 import shutil
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.limits import disk_full_message, is_disk_full
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT = 0, 1, 2
-#: training stopped because the loss became NaN or infinite (3 is a lost peer, 143 a
-#: SIGTERM preemption, both in ``gnnpar.watchdog``; 130 an interrupt)
+#: a lost rank: a peer died, hung, or never joined a launched world (the same code as
+#: ``gnnpar.watchdog.EXIT_PEER_LOST``, which a rank's watchdog exits with)
+EXIT_LOST_RANK = 3
+#: training stopped because the loss became NaN or infinite (143 is a SIGTERM preemption, in
+#: ``gnnpar.watchdog``; 130 an interrupt)
 EXIT_DIVERGED = 4
 
 
-def run_cli(body: Callable[[], int], debug: bool, prog: str) -> int:
-    """Run ``body``; bad input → one line on stderr and exit 2, other errors → exit 1.
+class LostRank(RuntimeError):
+    """A peer of a launched world is gone before this rank could join it (it died, or never
+    started); :func:`run_cli` exits :data:`EXIT_LOST_RANK` with the message as one line."""
 
-    Bad input is :class:`InputError` alone (argparse exits 2 itself): code that reads a path
-    the user gave checks it and raises InputError. Any other error — a FileNotFoundError in
+
+# ---------------------------------------------------------------- bounds of count flags
+#: most ranks (``--parts``, ``--replication``, ``gnnpar-plan --world``): ranking the grids of
+#: a world and writing its shards take time, memory and disk growing with it (a shard holds
+#: per-rank counts, so a shard folder grows as its square), and no machine has more.
+MAX_RANKS = 1 << 20
+#: most threads a process starts (``--threads``): OpenMP crashes (SIGSEGV) at ~10^5, and no
+#: machine gnnpar runs on has more cores than this.
+MAX_THREADS = 1024
+#: most sampler threads a rank runs (``--sampler-workers``): each is a thread with its own
+#: communicator and macrobatch in flight, so memory and process groups grow with them.
+MAX_SAMPLER_WORKERS = 256
+#: most macrobatches a rank may have sampled ahead (``--prefetch``): each is held in memory.
+MAX_PREFETCH = 1024
+#: widest hidden layer (``--hidden``, ``--feat-width``): width² weights must stay far inside
+#: int64 arithmetic (and 2^48 of them no machine holds).
+MAX_WIDTH = 1 << 24
+#: deepest model (``--layers``): RevGNN trained 1,001 layers; the plan and the model build a
+#: list of widths this long.
+MAX_LAYERS = 4096
+#: largest ``--seed``: every tool's random streams take it (numpy's legacy seeding stops at
+#: 2^32 - 1, and a rank's torch seed ``seed * 1000003 + rank`` must fit in 64 bits); negative
+#: seeds are refused by numpy's generators.
+MAX_SEED = 2 ** 32 - 1
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The range ``lo..hi`` of an integer flag; ``why`` says where the upper end comes from."""
+
+    lo: int
+    hi: int
+    why: str
+
+
+#: every count and size flag of gnnpar-train, gnnpar-partition and gnnpar-plan, by its
+#: argparse name (a flag means the same in every tool that has it)
+BOUNDS = {
+    "threads": Bound(1, MAX_THREADS, "threads of one process"),
+    "seed": Bound(0, MAX_SEED, "the range every random generator accepts"),
+    "hidden": Bound(1, MAX_WIDTH, "features of a layer"),
+    "feat_width": Bound(1, MAX_WIDTH, "features of a layer"),
+    "layers": Bound(1, MAX_LAYERS, "layers of a model"),
+    "parts": Bound(1, MAX_RANKS, "ranks of a world"),
+    "replication": Bound(1, MAX_RANKS, "ranks of a world"),
+    "sampler_workers": Bound(1, MAX_SAMPLER_WORKERS, "sampler threads of a rank"),
+    "prefetch": Bound(1, MAX_PREFETCH, "macrobatches held ahead"),
+}
+
+
+def check_bounds(args) -> None:
+    """Refuse (:class:`InputError`, exit 2) a flag of :data:`BOUNDS` outside its range, naming
+    the flag and the range; a flag the tool lacks, or left unset (None), is skipped. Every
+    tool calls it first, before anything is loaded, spawned or written: an unbounded count
+    would otherwise reach a C library (an overflow, exit 1), an allocation (MemoryError) or
+    a loop that never ends."""
+    for name, bound in BOUNDS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value < bound.lo:
+            raise InputError(f"{flag} must be >= {bound.lo}, got {value}")
+        if value > bound.hi:
+            raise InputError(f"{flag} must be at most {bound.hi:,} ({bound.why}), "
+                             f"got {value:,}")
+
+
+def run_cli(body: Callable[[], int], debug: bool, prog: str) -> int:
+    """Run ``body``; bad input → one line on stderr and exit 2, a peer lost before it joined
+    (:class:`LostRank`) → one line and exit 3, other errors → exit 1.
+
+    Bad input is :class:`InputError` (argparse exits 2 itself): code that reads a path the
+    user gave checks it and raises InputError; and a write that found the disk full (no space,
+    a quota, ``ulimit -f``): exit 2 naming the path. Any other error — a FileNotFoundError in
     the middle of training included — is an internal error (exit 1), never blamed on the
     user's input. Tracebacks are shown only with ``--debug``.
     """
@@ -32,12 +111,20 @@ def run_cli(body: Callable[[], int], debug: bool, prog: str) -> int:
             traceback.print_exc()
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except LostRank as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: lost rank: {_one_line(e)}", file=sys.stderr)
+        return EXIT_LOST_RANK
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the last line of defence of a CLI
         if debug:
             traceback.print_exc()
+        if is_disk_full(e):  # the user's disk, not a bug: say which path found it full
+            print(f"{prog}: error: {_one_line(disk_full_message(e))}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (rerun with --debug "
               "for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL

@@ -1,30 +1,160 @@
 """One training run as the CLI shows it: a progress bar and a JSON line per epoch on the lead
-rank, the final record, and the saved weights — the same for every mode and algorithm."""
+rank, the final record, and the saved weights — the same for every mode and algorithm.
+
+A run's outputs are finished by whichever segment of it trains the last epoch, or by a
+``--resume`` whose checkpoint already is the last epoch (a SIGTERM in or after the last
+epoch): that one trains nothing, writes the final record and ``--save-model`` and exits 0, so
+a requeue loop always ends. The final record's totals cover the whole run, every segment:
+each checkpoint carries them (:func:`final_metrics` of the epochs so far).
+
+The ``--log-json`` file has one writer: the lead rank (or the single process) holds
+:class:`LogLock` from before its data is loaded until the run's outputs are written, and
+:func:`check_log_free` refuses a busy log at startup, before any work (exit 2, the holder
+named).
+"""
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
+import re
 import sys
+import time
 from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.owned import FolderBusy, FolderLock
 
+from .bootstrap import detect_world
+from .checkpoint import agree_on_error
 from .cli_common import JsonLog, progress
 
+_LAST = ("loss", "train_acc", "val_acc", "test_acc")
 
-def final_metrics(history: List[dict]) -> dict:
-    """The last epoch's metrics plus run totals (time, bytes, peak memory)."""
+
+def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
+    """The last epoch's metrics plus run totals (epochs, time, bytes, peak memory).
+
+    ``before``: what this returned for the epochs before ``history`` (a resumed run's, from
+    its checkpoint), so the totals cover the whole run and not only the last segment."""
+    b = before or {}
     if not history:
-        return {"epochs": 0}
+        return dict(b) if b else {"epochs": 0}
     last = history[-1]
-    keys = ("loss", "train_acc", "val_acc", "test_acc")
-    return {"epochs": len(history), **{k: last[k] for k in keys},
-            "total_s": sum(r["epoch_s"] for r in history),
-            "comm_bytes": sum(r["comm_bytes"] for r in history),
-            "peak_mem_bytes": max(r["peak_mem_bytes"] for r in history)}
+    peaks = [r["peak_mem_bytes"] for r in history] + (
+        [b["peak_mem_bytes"]] if "peak_mem_bytes" in b else [])
+    return {"epochs": int(b.get("epochs", 0)) + len(history), **{k: last[k] for k in _LAST},
+            "total_s": b.get("total_s", 0.0) + sum(r["epoch_s"] for r in history),
+            "comm_bytes": b.get("comm_bytes", 0) + sum(r["comm_bytes"] for r in history),
+            "peak_mem_bytes": max(peaks)}
+
+
+def logged_totals(path: Optional[str], start: int) -> Optional[dict]:
+    """:func:`final_metrics` of the epoch records before ``start`` in the log at ``path``, or
+    None when there is no log: the totals of a run resumed from a checkpoint written before
+    checkpoints carried them."""
+    if not path or not os.path.isfile(path):
+        return None
+    records = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if (isinstance(rec, dict) and not rec.get("final")
+                    and isinstance(rec.get("epoch"), int) and rec["epoch"] < start):
+                records[rec["epoch"]] = {k: float("nan") if v is None else v
+                                         for k, v in rec.items()}
+    try:
+        return final_metrics([records[e] for e in sorted(records)]) if records else None
+    except KeyError:  # a record without the totals' fields: not one of ours
+        return None
+
+
+class LogLock:
+    """The ``--log-json`` file's writer lock: :class:`gnnpar.datasets.owned.FolderLock` (the
+    lock every gnnpar folder uses: ``flock``, the holder's pid and host, dropped by the kernel
+    however the holder ends) on a hidden folder beside the log, ``.NAME.gnnpar-lock/`` — one
+    per log, so runs writing other logs in the same folder never wait on each other, and a
+    lock that survives the log being cut and replaced on ``--resume``. A path that is no
+    regular file (``/dev/stdout``) is not locked. Raises :class:`InputError` naming the
+    holder when another live run has it."""
+
+    def __init__(self, path: Optional[str]):
+        self.lock: Optional[FolderLock] = None
+        if not path or (os.path.exists(path) and not os.path.isfile(path)):
+            return
+        folder = lock_folder(path)
+        holder = None
+        for _ in range(50):  # a holder that has just locked writes its pid a moment later
+            try:
+                os.makedirs(folder, exist_ok=True)
+                self.lock = FolderLock(folder, "--log-json")
+                return
+            except FolderBusy as e:
+                found = re.search(r"\((pid [^)]*)\)", str(e))
+                holder = found.group(1) if found else "pid unknown"
+                if holder != "pid unknown":
+                    break
+                time.sleep(0.01)
+            except OSError as e:
+                raise InputError(f"--log-json {path}: cannot lock it ({e.strerror or e}: "
+                                 f"{e.filename or folder})") from None
+        raise InputError(f"--log-json {path} is being written by another run ({holder}); "
+                         "wait for it to finish or give another path")
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def lock_folder(path: str) -> str:
+    """The hidden folder beside the log ``path`` that holds its :class:`LogLock`."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.gnnpar-lock")
+
+
+@contextlib.contextmanager
+def holding_log(path: Optional[str]):
+    """Hold the log's :class:`LogLock` (``path`` None: nothing to hold) for the block, and
+    make every rank of the process group raise the same InputError when the lead's log is
+    busy (the other ranks pass ``None`` and learn it from the lead)."""
+    lock, refused = None, None
+    try:
+        lock = LogLock(path)
+    except InputError as e:
+        refused = str(e)
+    refused = agree_on_error(refused)
+    if refused is not None:
+        if lock is not None:
+            lock.release()
+        raise InputError(refused)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def check_log_free(path: Optional[str]) -> None:
+    """At startup, before any work: exit 2 (InputError naming the holder) when another live
+    run writes the log ``path``. Only the process that will write it checks (a launched
+    rank other than 0 would see its own lead's lock); the lead takes the lock for good in
+    :func:`holding_log`."""
+    if not path:
+        return
+    try:
+        lead = detect_world().rank == 0
+    except InputError:  # a contradictory launch: launch() reports it
+        return
+    if lead:
+        LogLock(path).release()
 
 
 def diverged_epoch(history: List[dict]) -> Optional[int]:
@@ -56,10 +186,11 @@ def save_weights(path: str, model, spec, shapes: Dict[str, int]) -> None:
 
 class EpochProfiler:
     """``--profile E``: a torch profiler trace of epoch E, one Chrome-trace JSON per rank
-    (``DIR/profile-epochE-rankR.json``; open in chrome://tracing or Perfetto)."""
+    (``DIR/profile-epochE-rankR.json``; open in chrome://tracing or Perfetto). ``quiet``: the
+    lines the profiler's C++ side prints on stderr when it starts and stops are silenced."""
 
-    def __init__(self, epoch: Optional[int], out_dir: str):
-        self.epoch, self.out_dir, self.prof = epoch, out_dir, None
+    def __init__(self, epoch: Optional[int], out_dir: str, quiet: bool = False):
+        self.epoch, self.out_dir, self.quiet, self.prof = epoch, out_dir, quiet, None
 
     def maybe_start(self, next_epoch: int) -> None:
         if self.epoch is None or next_epoch != self.epoch:
@@ -68,18 +199,39 @@ class EpochProfiler:
         if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(activities=acts, record_shapes=True)
-        self.prof.__enter__()
+        with muted_stderr(self.quiet):
+            self.prof.__enter__()
 
     def maybe_stop(self, epoch: int) -> Optional[str]:
         if self.prof is None or epoch != self.epoch:
             return None
-        self.prof.__exit__(None, None, None)
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         os.makedirs(self.out_dir, exist_ok=True)
         path = os.path.join(self.out_dir, f"profile-epoch{epoch}-rank{rank}.json")
-        self.prof.export_chrome_trace(path)
+        with muted_stderr(self.quiet):
+            self.prof.__exit__(None, None, None)
+            self.prof.export_chrome_trace(path)
         self.prof = None
         return path
+
+
+@contextlib.contextmanager
+def muted_stderr(mute: bool):
+    """With ``mute``, file descriptor 2 points at the null device for the block: the
+    profiler's C++ logging writes there directly, past ``sys.stderr``."""
+    if not mute:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        os.close(null)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def train_logged(fit_fn: Callable, model, spec, fields: dict, lead: bool, desc: str,
@@ -88,9 +240,10 @@ def train_logged(fit_fn: Callable, model, spec, fields: dict, lead: bool, desc: 
     """Run ``fit_fn(on_epoch, start_epoch)`` (returns the epoch records) with logging; returns
     the final record. ``fields`` (algo, world_size, grid, …) are added to every record;
     ``extra_final(history)`` adds fields to the final one. ``ckpt`` (a
-    :class:`gnnpar.resume.Checkpointing`) restores before and checkpoints after each epoch;
-    a resumed run cuts its JSON log back to the epochs before the one it resumes at, then
-    appends.
+    :class:`gnnpar.resume.Checkpointing`) restores before and checkpoints after each epoch
+    (with the run totals so far); a resumed run cuts its JSON log back to the epochs before
+    the one it resumes at, then appends — a run resumed at its last epoch appends only the
+    final record, and saves the model.
 
     A NaN or infinite epoch loss (the same on every rank) ends the run: ``fit_fn`` stops after
     that epoch, whose record is logged but neither checkpointed nor saved (``--save-model``);
@@ -104,16 +257,26 @@ def train_logged(fit_fn: Callable, model, spec, fields: dict, lead: bool, desc: 
 
 def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -> dict:
     start = ckpt.restore() if ckpt is not None else 0
-    if start >= spec.epochs > 0:  # the log already holds this run's end: leave it as it is
+    if start > spec.epochs:
         raise InputError(f"--resume: the checkpoints in {spec.checkpoint_dir} reach epoch "
-                         f"{start - 1}, the last of --epochs {spec.epochs}: nothing to train "
-                         "(raise --epochs to continue)")
+                         f"{start - 1}, past the last of --epochs {spec.epochs}: resume with "
+                         f"--epochs {start} or more")
+    before = ckpt.totals if ckpt is not None else None
+    if before is None and start > 0 and lead:  # a checkpoint that carries no totals
+        before = logged_totals(spec.log_json, start)
+    if start == spec.epochs > 0 and lead and not spec.quiet:
+        print(f"gnnpar-train: the checkpoint is the last epoch ({start - 1}) of --epochs "
+              f"{spec.epochs}: finishing the run's outputs", file=sys.stderr)
     log = JsonLog(spec.log_json if lead else None, resume_epoch=start if start > 0 else None)
     bar = progress(spec.epochs - start, desc, lead and not spec.quiet)
-    prof = EpochProfiler(getattr(spec, "profile", None), getattr(spec, "profile_dir", "."))
+    prof = EpochProfiler(getattr(spec, "profile", None), getattr(spec, "profile_dir", "."),
+                         spec.quiet)
     prof.maybe_start(start)
+    totals = before
 
     def on_epoch(rec):
+        nonlocal totals
+        totals = final_metrics([rec], totals)  # the whole run's, carried by each checkpoint
         trace = prof.maybe_stop(rec["epoch"])
         if trace and lead and not spec.quiet:
             print(f"profile of epoch {rec['epoch']} written to {trace}", file=sys.stderr)
@@ -122,13 +285,13 @@ def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -
         bar.update(1)
         bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
         if ckpt is not None and math.isfinite(rec["loss"]):  # never a checkpoint of NaN weights
-            ckpt.after_epoch(rec["epoch"])
+            ckpt.after_epoch(rec["epoch"], totals)
 
     try:
         history = fit_fn(on_epoch, start)
     finally:
         bar.close()
-    final = {"final": True, **fields, **final_metrics(history),
+    final = {"final": True, **fields, **final_metrics([], totals),
              **(extra_final(history) if extra_final else {})}
     diverged = diverged_epoch(history)
     if diverged is not None:

@@ -9,15 +9,18 @@ import os
 import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, InputError, parse_spec
-from gnnpar.datasets.limits import check_memory
-from gnnpar.datasets.owned import check_writable_folder
+from gnnpar.datasets.limits import check_memory, check_num_classes
+from gnnpar.datasets.owned import check_writable_folder, refuse_claimed
 from gnnpar.datasets.reorder import ORDERS
 from gnnpar.kernels.algorithms import ALGORITHMS
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
 from gnnpar.kernels.entry import LAYOUT_FLAGS
+from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
+from .cli_common import check_bounds
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
+from .logged import check_log_free
 from .resume import check_checkpoint_args
 from .sampling.options import add_minibatch_args, check_mode_args
 
@@ -160,9 +163,7 @@ RANK_PROCESS_BYTES = 150 * 2 ** 20
 def check_args(args) -> None:
     """Refuse values that cannot work, and flags the run would ignore, with the flag's name in
     the message; output paths are checked here too, before any work."""
-    for name, value in (("layers", args.layers), ("hidden", args.hidden)):
-        if value < 1:
-            raise InputError(f"--{name} must be >= 1, got {value}")
+    check_bounds(args)  # every count and size flag in its range (gnnpar.cli_common.BOUNDS)
     if args.epochs < 0:
         raise InputError(f"--epochs must be >= 0, got {args.epochs}")
     if not 0.0 <= args.dropout < 1.0:
@@ -203,16 +204,39 @@ def check_args(args) -> None:
 
 
 def check_sizes(args) -> None:
-    """What the flags alone say about memory: the spawned ranks, and the hidden layers'
-    weights with their gradients and Adam state (16 bytes a parameter; at least one input
-    and one output feature), against :func:`gnnpar.datasets.graph.check_memory`."""
+    """What the flags alone say about memory: the spawned ranks, and the model's weights with
+    their gradients and Adam state (16 bytes a parameter), against
+    :func:`gnnpar.datasets.graph.check_memory`. The input and output widths are those of the
+    shards in ``--partition-dir`` when it holds them (their ``num_classes`` also checked against
+    the node count, as a dataset's is), else at least one feature each."""
     if args.nprocs:
         check_memory(args.nprocs * RANK_PROCESS_BYTES,
                      f"--nprocs {args.nprocs} (a process per rank)")
+    f_in, f_out, where = _shard_widths(args.partition_dir)
     per = 2 if args.model == "sage" else 1
-    params = per * (args.hidden * args.hidden * max(args.layers - 2, 0) + 2 * args.hidden)
-    check_memory(16 * params, f"--hidden {args.hidden} with --layers {args.layers} (weights, "
-                              "gradients and Adam state)")
+    params = per * (args.hidden * args.hidden * max(args.layers - 2, 0)
+                    + args.hidden * (f_in + f_out))
+    check_memory(16 * params, f"--hidden {args.hidden} with --layers {args.layers}{where} "
+                              "(weights, gradients and Adam state)")
+
+
+def _shard_widths(partition_dir):
+    """(features, classes, words naming them) of the shards in ``partition_dir``; (1, 1, "")
+    when it holds none, or a meta.json its loading will refuse (with its own message)."""
+    if not partition_dir or not os.path.isfile(os.path.join(partition_dir, "meta.json")):
+        return 1, 1, ""
+    try:
+        meta = read_meta(partition_dir)
+        n, f_in, f_out = int(meta["n"]), int(meta["num_features"]), int(meta["num_classes"])
+    except (InputError, TypeError, ValueError):
+        return 1, 1, ""
+    where = os.path.join(partition_dir, "meta.json")
+    check_num_classes(f_out, n, f"{where}: num_classes",
+                      "the shards were edited or are damaged: rewrite them with gnnpar-partition")
+    if f_in < 1 or f_out < 1:
+        raise InputError(f"{where}: num_features {f_in} and num_classes {f_out} must be >= 1; "
+                         "rewrite the shards with gnnpar-partition")
+    return f_in, f_out, f" on the shards' {f_in:,} features and {f_out:,} classes"
 
 
 # ---------------------------------------------------------------- output paths
@@ -253,8 +277,10 @@ def _overlaps(out: str, inp: str, folder: bool = False) -> str:
 
 def check_output_file(flag: str, path: str, inputs=()) -> None:
     """Refuse an output file that cannot be written, or would overwrite an input: a folder, a
-    file we may not write, a parent path that is a file or not writable, or a path that is
-    (or lies inside) one of ``inputs`` (``(what, path, is_folder)``)."""
+    file we may not write, a parent path that is a file or not writable, a path that is (or
+    lies inside) one of ``inputs`` (``(what, path, is_folder)``), or one inside any gnnpar
+    folder (:func:`~gnnpar.datasets.owned.refuse_claimed`: another run's shards, checkpoints
+    or dataset cache)."""
     if not path:
         raise InputError(f"{flag} needs a file path")
     if os.path.isdir(path):
@@ -265,13 +291,15 @@ def check_output_file(flag: str, path: str, inputs=()) -> None:
         how = _overlaps(path, inp, folder)
         if how:
             raise InputError(f"{flag} {path} would {how} {what}; give another path")
+    refuse_claimed(flag, path)
     if not os.path.exists(path) or os.path.isfile(path):  # not a device such as /dev/stdout
         check_writable_folder(os.path.dirname(os.path.abspath(path)), flag, f"{flag} {path}")
 
 
 def check_output_paths(args) -> None:
-    """``--log-json``, ``--save-model`` and ``--profile-dir`` (with ``--profile``), checked
-    before any work, so a finished run never fails at writing its results."""
+    """``--log-json``, ``--save-model``, ``--profile-dir`` (with ``--profile``) and the folders
+    the run writes into, checked before any work, so a finished run never fails at writing its
+    results and no output lands in a gnnpar folder that is not its own."""
     inputs = _inputs(args)
     outputs = [(f"--{flag.replace('_', '-')}", getattr(args, flag)) for flag in
                ("log_json", "save_model") if getattr(args, flag, None) is not None]
@@ -289,3 +317,25 @@ def check_output_paths(args) -> None:
             if _overlaps(args.profile_dir, inp, folder):
                 raise InputError(f"--profile-dir {args.profile_dir} would write into {what}; "
                                  "give another folder")
+        refuse_claimed("--profile-dir", args.profile_dir, include_self=True)
+    check_output_folders(args)
+    check_log_free(getattr(args, "log_json", None))  # another live run writing it: exit 2
+
+
+def check_output_folders(args) -> None:
+    """The folders the run writes into (``--checkpoint-dir``, ``--cache-dir``, a
+    ``--partition-dir`` it would fill) lie inside no gnnpar folder and not inside each other
+    (a cache inside a shard folder would block rewriting it); ``--cache-dir`` is no gnnpar
+    folder itself (the checkpoint and shard folders' own kind is checked when claimed)."""
+    folders = [(flag, getattr(args, flag.lstrip("-").replace("-", "_"), None))
+               for flag in ("--checkpoint-dir", "--cache-dir", "--partition-dir")]
+    folders = [(flag, path) for flag, path in folders if path]
+    for flag, path in folders:
+        if flag == "--partition-dir" and os.path.lexists(os.path.join(path, "meta.json")):
+            continue  # shards already there: read, not written
+        refuse_claimed(flag, path, include_self=flag == "--cache-dir")
+    for flag, path in folders:
+        for other, where in folders:
+            if other != flag and _overlaps(path, where, folder=True):
+                raise InputError(f"{flag} {path} lies inside {other} {where}; give folders "
+                                 "that do not hold one another")

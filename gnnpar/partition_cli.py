@@ -8,24 +8,30 @@ Examples::
 
 Without ``--out`` nothing is written (use it with ``--report``). ``--out`` must be new, empty,
 or a folder gnnpar wrote shards into (anything else in it is refused with exit 2, nothing
-touched); a rewrite removes only gnnpar's own files. Also ``python -m
+touched), and must not lie inside another gnnpar folder; a rewrite removes only gnnpar's own
+files. One run writes a folder at a time: a second ``--out`` of the same folder exits 2 naming
+the run that holds it. Also ``python -m
 gnnpar.partition_cli``. Exit codes: 0 success, 2 bad input (one line on stderr; ``--debug`` adds
 the traceback), 1 internal error.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 
 from gnnpar.datasets import InputError, load_dataset
+from gnnpar.datasets.owned import refuse_claimed
 from gnnpar.datasets.normalize import union_structure
 from gnnpar.partitioners import (DEFAULT_BALANCE, METHODS, GridSpec, format_report, partition_graph, report,
                                  write_shards)
-from gnnpar.partitioners.shards import check_shard_folder, dataset_source
+from gnnpar.partitioners.shard_folder import check_shard_disk, shard_writer
+from gnnpar.partitioners.shards import dataset_source
 
-from .cli_common import run_cli
+from .cli_common import check_bounds, run_cli
 
 PROG = "gnnpar-partition"
 
@@ -69,10 +75,7 @@ def run(args) -> int:
         if not args.quiet:
             print(f"[{PROG}] {msg}", file=sys.stderr, flush=True)
 
-    if args.parts < 1:
-        raise InputError(f"--parts must be >= 1, got {args.parts}")
-    if args.feat_width < 1:
-        raise InputError(f"--feat-width must be >= 1, got {args.feat_width}")
+    check_bounds(args)  # --parts, --seed, --feat-width
     grid = GridSpec.parse(args.grid) if args.grid else None
     if grid is not None and grid.size != args.parts:
         raise InputError(f"--grid {args.grid} has {grid.size} ranks but --parts is {args.parts}; they must be equal")
@@ -83,10 +86,42 @@ def run(args) -> int:
         say(f"--grid {args.grid} only adds figures to --report: the 2d/3d kernels cut their blocks "
             f"from the shards at setup, so no grid blocks are written")
     source = None
+    if args.cache_dir:
+        refuse_claimed("--cache-dir", args.cache_dir, include_self=True)
     if args.out:
-        check_shard_folder(args.out, "--out")  # a folder with anything but gnnpar shards: refused
+        refuse_claimed("--out", args.out)  # not inside another run's shards, checkpoints, cache
+        if args.cache_dir and _inside(args.cache_dir, args.out):
+            raise InputError(f"--cache-dir {args.cache_dir} lies inside --out {args.out}; a "
+                             "shard folder holds only shards: give another cache folder")
         source = dataset_source(args.dataset, args.directed)  # before loading: what is read
+        check_shard_disk(args.out, args.parts, len(norms), what="--out")  # the parts² alone
+    # held from before the load until meta.json is written, the folder checked under it (a
+    # folder with anything but gnnpar shards is refused); a second writer exits 2 at once
+    with shard_writer(args.out, "--out") if args.out else contextlib.nullcontext():
+        graph, part, part_s = _partition(args, say)
+        if args.out:
+            check_shard_disk(args.out, args.parts, len(norms), graph, "--out")  # and the graph
+            write_shards(graph, part, args.out, norms=norms, progress=say, source=source,
+                         what="--out")
+    if args.report:
+        say("computing the quality report")
+        rep = report(graph, part, feat_width=args.feat_width, grid=grid,
+                     structure=union_structure(graph))
+        rep["partition_s"] = part_s
+        if args.json:
+            print(json.dumps(rep))
+        else:
+            print(format_report(rep))
+    return 0
 
+
+def _inside(path: str, folder: str) -> bool:
+    inner, outer = os.path.realpath(path), os.path.realpath(folder)
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def _partition(args, say):
+    """The dataset, its partition and the seconds partitioning took."""
     say(f"loading {args.dataset}")
     t0 = time.perf_counter()
     graph = load_dataset(args.dataset, directed=args.directed, cache_dir=args.cache_dir)
@@ -98,19 +133,7 @@ def run(args) -> int:
                            imbalance=args.imbalance)
     part_s = time.perf_counter() - t0
     say(f"partitioned in {part_s:.1f} s")
-    if args.out:
-        write_shards(graph, part, args.out, norms=norms, progress=say, source=source,
-                     what="--out")
-    if args.report:
-        say("computing the quality report")
-        rep = report(graph, part, feat_width=args.feat_width, grid=grid,
-                     structure=union_structure(graph))
-        rep["partition_s"] = part_s
-        if args.json:
-            print(json.dumps(rep))
-        else:
-            print(format_report(rep))
-    return 0
+    return graph, part, part_s
 
 
 def main(argv=None) -> int:

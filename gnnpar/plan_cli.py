@@ -28,6 +28,7 @@ import sys
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.limits import MAX_BYTES_ENV, parse_bytes
+from gnnpar.datasets.owned import refuse_claimed
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
 from gnnpar.kernels.comm import WIRE_DTYPES
 from gnnpar.kernels.cost_model import Machine, Structure, rank_algorithms
@@ -35,13 +36,13 @@ from gnnpar.partitioners import partition_graph
 
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
-from .cli_common import run_cli
+from .cli_common import MAX_RANKS, check_bounds, run_cli
 from .precision import PRECISIONS
 
 PROG = "gnnpar-plan"
 #: most ranks a plan is made for: ranking every grid of a world size takes time and memory
 #: in proportion to it (and to its number of factorisations), and no machine has more.
-MAX_WORLD = 1 << 20
+MAX_WORLD = MAX_RANKS
 
 
 def add_max_memory_arg(p: argparse.ArgumentParser) -> None:
@@ -190,6 +191,7 @@ def run_calibrate(args) -> int:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
     path = args.calibration or DEFAULT_PATH
     check_calibration_target(path)  # before the probe: a refusal costs no seconds
+    refuse_claimed("--calibration", path)  # nor into another gnnpar folder
     record = calibrate(threads=args.threads)
     save(record, path)
     print(f"wrote {path}: bandwidth {record['bandwidth'] / 1e9:.3g} GB/s, latency "
@@ -203,6 +205,7 @@ def run_calibrate(args) -> int:
 
 
 def run(args) -> int:
+    check_bounds(args)  # --threads, --seed, --hidden, --layers: before any work
     if args.calibrate:
         return run_calibrate(args)
     if args.world is None:

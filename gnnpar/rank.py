@@ -7,7 +7,8 @@ rank), the rank's own random stream (dropout differs between ranks), then what t
 (:class:`Training`: full batch — a :class:`~gnnpar.interfaces.Runtime`; mini batch — the
 sampling service and an engine, :mod:`gnnpar.sampling.setup`), the optimiser, checkpointing
 and the JSON log (:func:`gnnpar.logged.train_logged`; every record names the run's
-``precision``). The launcher (:mod:`gnnpar.launch`) calls it in-process for a serial run and
+``precision``). The lead rank holds the log's lock (:func:`gnnpar.logged.holding_log`) from
+before it loads anything until the run's outputs are written. The launcher (:mod:`gnnpar.launch`) calls it in-process for a serial run and
 once per rank otherwise; ``docs/architecture.md`` follows one step of each mode file by file.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gnnpar.kernels.comm import WIRE_DTYPES
 
 from .distributed import DistRuntime
 from .interfaces import Shard
-from .logged import train_logged
+from .logged import holding_log, train_logged
 from .models import build_model
 from .resume import Checkpointing, run_meta
 from .sampling.draws import HASH_GENERATOR
@@ -66,6 +67,12 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
     """Set up and train; returns the final record. ``source`` None: one process with the
     whole graph (serial); else this rank's shard. ``watchdog`` (external launches) is told
     each communication phase, so a lost peer is reported with what this rank was doing."""
+    with holding_log(spec.log_json if rank == 0 else None):  # one writer per log
+        return _run_rank(spec, rank, world, source, watchdog)
+
+
+def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource],
+              watchdog) -> dict:
     device = rank_device(spec, rank)
     data = load_graph(spec) if source is None else load_rank_shard(rank, world, spec, source)
     if source is None and not spec.quiet:

@@ -6,7 +6,8 @@ Four panels: loss and accuracies per epoch; each epoch's time split into compute
 communication and — for mini-batch runs — sampling (``sampler_s``) and input stalls
 (``stall_s``), as stacked bars; bytes sent per rank per epoch (mean over ranks and the
 busiest rank, or every rank when the log has ``comm_bytes_per_rank``); a summary of the run.
-Exit codes: 0 written, 2 unreadable or empty log.
+Exit codes: 0 written, 2 unreadable or empty log, or an output path it may not write (a
+folder, the log itself, a path inside a gnnpar folder), checked before the log is read.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import sys
 from typing import List, Tuple
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.owned import check_writable_folder, refuse_claimed
 
 from .cli_common import run_cli
 
@@ -154,6 +156,19 @@ def write_report(log_path: str, out_path: str, title: str = "", dpi: int = 90) -
     return out_path
 
 
+def check_output(log_path: str, out_path: str) -> None:
+    """Refuse ``-o`` where the picture must not go: a folder, the log it is drawn from, a
+    path inside a gnnpar folder (shards, checkpoints, a dataset cache), or a folder that
+    cannot be written."""
+    if os.path.isdir(out_path):
+        raise InputError(f"-o {out_path} is a folder; give a file path")
+    if os.path.realpath(out_path) == os.path.realpath(log_path):
+        raise InputError(f"-o {out_path} would overwrite the log it is drawn from; give "
+                         "another path")
+    refuse_claimed("-o", out_path)
+    check_writable_folder(os.path.dirname(os.path.abspath(out_path)), "-o", f"-o {out_path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gnnpar-report",
                                 description="Draw a PNG report from a gnnpar --log-json file.",
@@ -172,6 +187,7 @@ def main(argv=None) -> int:
     def body():
         if args.dpi < 10:
             raise InputError(f"--dpi must be >= 10, got {args.dpi}")
+        check_output(args.log, args.output)
         path = write_report(args.log, args.output, args.title, args.dpi)
         print(f"gnnpar-report: wrote {path}", file=sys.stderr)
         return 0

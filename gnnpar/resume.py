@@ -2,7 +2,8 @@
 ``--checkpoint-keep``, ``--resume``), and a checkpoint on SIGTERM (SLURM preemption).
 
 Each rank keeps its own folder (``DIR/rank-00000/``…) of atomic, checksummed checkpoints
-(``gnnpar.checkpoint``) holding the model, the optimizer, every RNG state and the epoch.
+(``gnnpar.checkpoint``) holding the model, the optimizer, every RNG state, the epoch and the
+run totals so far (the final record's, :func:`gnnpar.logged.final_metrics`).
 Checkpoints are taken at epoch boundaries, after the epoch's evaluation: every random draw
 of the epoch is done, so restoring the RNG states there makes the resumed run bitwise equal
 to an uninterrupted one on CPU. (Mini-batch samplers draw from (seed, epoch, rank, step)
@@ -26,6 +27,10 @@ can load: a damaged newest file, or one the safe loader refuses, is skipped (wit
 for the previous good one; checkpoint files with none usable is exit 2 naming the folder.
 Rotation (``--checkpoint-keep``) deletes only checkpoints of this identity whose checksum
 holds.
+
+A resume whose checkpoint is the last epoch (SIGTERM in the last epoch, or after the final
+record) trains nothing: :func:`gnnpar.logged.train_logged` writes the final record and the
+model and the run exits 0, so a requeue loop always ends.
 """
 from __future__ import annotations
 
@@ -63,6 +68,7 @@ class Checkpointing:
         self.last_epoch = int(spec.epochs) - 1
         self.model, self.opt, self.quiet = model, opt, quiet
         self.epoch = -1
+        self.totals: Optional[dict] = None  #: the run totals up to ``epoch`` (logged.final_metrics)
         self.sigterm = None
         self.lock: Optional[FolderLock] = None
         if self.dir is not None:
@@ -75,7 +81,9 @@ class Checkpointing:
             self.sigterm = on_sigterm(self.save_now, deferred=True)
 
     def restore(self) -> int:
-        """The first epoch to run: 0, or the one after the newest checkpoint on every rank."""
+        """The first epoch to run: 0, or the one after the newest checkpoint on every rank
+        (``--epochs`` when that checkpoint is the last epoch: the run has only its outputs
+        left to write)."""
         if self.dir is None:
             return 0
         try:
@@ -122,6 +130,7 @@ class Checkpointing:
                 self.opt.load_state_dict(ck.state["optimizer"])
                 restore_rng(ck.state["rng"])
                 self.epoch = step
+                self.totals = ck.state.get("totals")  # None: written before they were carried
                 self._say(f"resumed from {ck.path} (epoch {step})")
                 return step + 1
         why = None
@@ -137,11 +146,13 @@ class Checkpointing:
         self._say("--resume: no checkpoint yet, starting from epoch 0")
         return 0
 
-    def after_epoch(self, epoch: int) -> None:
-        """Call at the end of every epoch, on every rank, at the same point."""
+    def after_epoch(self, epoch: int, totals: Optional[dict] = None) -> None:
+        """Call at the end of every epoch, on every rank, at the same point; ``totals``: the
+        run's so far (:func:`gnnpar.logged.final_metrics`), saved with the checkpoint so a
+        resumed run's final record covers every segment."""
         if self.dir is None:
             return
-        self.epoch = epoch
+        self.epoch, self.totals = epoch, totals
         if (epoch + 1) % self.every == 0:
             self.save_now()
         self.sigterm.check()  # all ranks agree; saves and exits 143 when one was signalled
@@ -155,6 +166,8 @@ class Checkpointing:
             self._keep_marker()
         state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "rng": capture_rng(), "epoch": self.epoch}
+        if self.totals is not None:
+            state["totals"] = dict(self.totals)
         save_checkpoint(self.dir, state, self.epoch, keep=self.keep, meta=self.meta)
 
     def release(self) -> None:

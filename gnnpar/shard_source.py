@@ -24,7 +24,8 @@ from gnnpar.datasets.reorder import reorder
 from gnnpar.kernels.comm import control_all_reduce
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.partitioners.shards import check_shard_folder, dataset_source, load_shard, read_meta
+from gnnpar.partitioners.shard_folder import shard_writer
+from gnnpar.partitioners.shards import dataset_source, load_shard, read_meta
 
 from .interfaces import Shard
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
@@ -71,13 +72,20 @@ def resolve_reorder(spec, serial_fullbatch: bool):
     return spec.evolve(reorder="degree" if serial_fullbatch and not has_shards(spec) else "none")
 
 
-def check_reorder(spec) -> None:
-    """``--reorder`` renumbers the graph before shards are cut: shards that already exist
-    keep the order they were written in."""
-    if vertex_order(spec) != "none" and has_shards(spec):
+def check_shard_flags(spec) -> None:
+    """Flags that shape shards as they are written (``--reorder``, ``--partitioner``) are
+    refused when ``--partition-dir`` already holds shards made otherwise: the run uses the
+    shards as they are, and would silently ignore the flag."""
+    if not has_shards(spec):
+        return
+    if vertex_order(spec) != "none":
         raise InputError(f"--reorder {spec.reorder} applies when the shards are written, but "
                          f"--partition-dir {spec.partition_dir} already holds shards (in the "
                          "order they were written); drop --reorder or use a new folder")
+    check_partitioner(spec, spec.partition_dir)
+
+
+check_reorder = check_shard_flags  #: the name the launcher calls it by
 
 
 def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
@@ -127,34 +135,60 @@ def prepare_shards(spec, world: int, graph: Optional[Graph] = None, part=None
     """Write shards for ``world`` ranks unless ``--partition-dir`` already holds them; returns
     the source and whether its folder is a temporary one made here (``shards/`` inside a
     :mod:`~gnnpar.scratch` folder: the caller removes that folder, its parent). ``part``: the
-    run's partition of ``graph`` when already made (:func:`run_partition`)."""
+    run's partition of ``graph`` when already made (:func:`run_partition`).
+
+    Filling ``--partition-dir`` holds its write lock (:func:`shard_writer`): a run that finds
+    another writer there waits for it, then uses the shards it wrote."""
     out = spec.partition_dir
-    if has_shards(spec):
+    if out:
+        if not has_shards(spec):
+            def notice(holder: str) -> None:
+                if not spec.quiet:
+                    print(f"gnnpar-train: waiting for {holder}, which is writing shards into "
+                          f"--partition-dir {out}", file=sys.stderr, flush=True)
+
+            with shard_writer(out, "--partition-dir", wait=True, notice=notice):
+                if not has_shards(spec):  # else written by the run we waited for
+                    return _write_shards(spec, world, graph, part, out), False
         meta = read_meta(out)
         if int(meta["parts"]) != world:
             raise InputError(f"the shards in {out} are for {meta['parts']} ranks but --nprocs is "
                              f"{world}; rerun gnnpar-partition with --parts {world}")
         check_shards_dataset(spec, out, meta)
+        check_partitioner(spec, out, meta)
         return ShardSource(out, checked=True), False
-    if out:
-        check_shard_folder(out, "--partition-dir")  # refused before anything is loaded
-    source = dataset_source(spec.dataset or DEFAULT_SPEC, spec.directed)
-    temporary = not out
-    if temporary:  # shards/ inside a scratch folder that records its owner
-        remove_stale_scratch_dirs(SHARDS_PREFIX, allow_dirs=True)
-        out = os.path.join(make_scratch_dir(SHARDS_PREFIX), "shards")
-    try:
-        graph = graph if graph is not None else load_graph(spec)
-        if not spec.quiet:
-            print(graph.summary(), file=sys.stderr)
-        part = part if part is not None else run_partition(spec, graph, world)
-        write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
-                     what="--partition-dir" if not temporary else "shard folder")
-    except BaseException:
-        if temporary:  # every way out: no gnnpar-shards-* is left in $TMPDIR
-            shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+    remove_stale_scratch_dirs(SHARDS_PREFIX, allow_dirs=True)
+    out = os.path.join(make_scratch_dir(SHARDS_PREFIX), "shards")
+    try:  # shards/ inside a scratch folder that records its owner
+        return _write_shards(spec, world, graph, part, out), True
+    except BaseException:  # every way out: no gnnpar-shards-* is left in $TMPDIR
+        shutil.rmtree(os.path.dirname(out), ignore_errors=True)
         raise
-    return ShardSource(out, checked=True), temporary
+
+
+def _write_shards(spec, world: int, graph: Optional[Graph], part, out: str) -> ShardSource:
+    """Load (unless given), partition (unless given) and write the shards into ``out``."""
+    source = dataset_source(spec.dataset or DEFAULT_SPEC, spec.directed)
+    graph = graph if graph is not None else load_graph(spec)
+    if not spec.quiet:
+        print(graph.summary(), file=sys.stderr)
+    part = part if part is not None else run_partition(spec, graph, world)
+    write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
+                 what="--partition-dir" if spec.partition_dir else "shard folder")
+    return ShardSource(out, checked=True)
+
+
+def check_partitioner(spec, shard_dir: str, meta=None) -> None:
+    """Refuse a ``--partitioner`` other than the method the shards in ``--partition-dir`` were
+    cut with: the run would use those shards, and the flag would be silently ignored."""
+    if not spec.partitioner:
+        return
+    meta = meta if meta is not None else read_meta(shard_dir)
+    if meta.get("method") != spec.partitioner:
+        raise InputError(f"--partitioner {spec.partitioner}: --partition-dir {shard_dir} already "
+                         f"holds shards cut with {meta.get('method')}, which the run would use; "
+                         f"drop --partitioner, give --partitioner {meta.get('method')}, or use "
+                         "another --partition-dir")
 
 
 def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:

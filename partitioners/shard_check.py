@@ -1,7 +1,19 @@
 """Contents checks of a loaded shard: shapes, dtypes, ranges and finiteness, in chunks so
-memory-mapped arrays stay mapped; an error names the file (:class:`InputError`, exit 2)."""
+memory-mapped arrays stay mapped; an error names the file (:class:`InputError`, exit 2).
+
+Values are the dtypes gnnpar writes (``values_*`` float32, ``raw_weight`` float32 or
+float64): a float16 array would be read and silently widened, losing the precision the run
+believes it has. The send lists are checked against the peers they feed: the ids rank r sends
+to rank q (``global_ids[send_local[group q]]``) must be, in order, q's halo rows owned by r
+(``halo_ids`` of q, its ``recv_counts`` segment r), so an in-range edit of ``send_local`` or
+``send_counts`` cannot make a rank send the wrong rows. This reads only the peers' halo
+segments for this rank: as many ids as the rank sends in one exchange. A peer folder that is
+not there is skipped (that rank's own load refuses it; or this rank's disk holds only its own
+part).
+"""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -32,8 +44,9 @@ class Checker:
         raise InputError(f"{os.path.join(self.folder, *rel.split('/'))}: {msg}; the shard is "
                          "corrupt or was edited: rewrite it with gnnpar-partition")
 
-    def array(self, rel: str, a, shape: tuple, kind: str):
-        """``kind``: 'int', 'float' or 'bool'; ``shape`` entries None match any length."""
+    def array(self, rel: str, a, shape: tuple, kind: str, dtypes: tuple = ()):
+        """``kind``: 'int', 'float' or 'bool'; ``shape`` entries None match any length;
+        ``dtypes``, when given, the only dtypes accepted."""
         if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             self.fail(rel, f"shape {tuple(a.shape)}, expected {want}")
@@ -41,6 +54,8 @@ class Checker:
               "bool": a.dtype == np.bool_}[kind]
         if not ok:
             self.fail(rel, f"dtype {a.dtype}, expected {kind}")
+        if dtypes and a.dtype not in [np.dtype(d) for d in dtypes]:
+            self.fail(rel, f"dtype {a.dtype}, expected {' or '.join(map(str, dtypes))}")
         return a
 
     def in_range(self, rel: str, a, lo: int, hi: int, what: str = "value") -> None:
@@ -87,7 +102,8 @@ def validate_shard(folder: str, meta: dict, manifest: dict, arr: dict) -> None:
     ck.csr("", arr["indptr"], arr["indices"], n_local, n_local + n_halo)
     nnz = int(arr["indices"].shape[0])
     for name in ("raw_weight", *(f"values_{k}" for k in meta["norms"])):
-        ck.finite(f"{name}.npy", ck.array(f"{name}.npy", arr[name], (nnz,), "float"))
+        dtypes = ("float32", "float64") if name == "raw_weight" else ("float32",)
+        ck.finite(f"{name}.npy", ck.array(f"{name}.npy", arr[name], (nnz,), "float", dtypes))
     ck.array("orig_edge.npy", arr["orig_edge"], (nnz,), "bool")
     for name, total in (("recv_counts", n_halo), ("send_counts", None)):
         counts = ck.array(f"{name}.npy", arr[name], (P,), "int")
@@ -96,7 +112,49 @@ def validate_shard(folder: str, meta: dict, manifest: dict, arr: dict) -> None:
             ck.fail(f"{name}.npy", f"sums to {int(np.sum(counts))}, expected {total}")
     send = ck.array("send_local.npy", arr["send_local"], (int(np.sum(arr["send_counts"])),), "int")
     ck.in_range("send_local.npy", send, 0, n_local, "local id")
+    check_sends(ck, meta, arr)
     ck.finite("x.npy", ck.array("x.npy", arr["x"], (n_local, F), "float"), "feature")
     ck.in_range("y.npy", ck.array("y.npy", arr["y"], (n_local,), "int"), 0, C, "label")
     for name in ("train_mask", "val_mask", "test_mask"):
         ck.array(f"{name}.npy", arr[name], (n_local,), "bool")
+
+
+def _peer_array(ck: Checker, peer: str, name: str, run_id) -> np.ndarray:
+    """Array ``name`` of the peer part folder ``peer``, of the same write as this shard."""
+    try:
+        with open(os.path.join(peer, MANIFEST)) as f:
+            manifest = json.load(f)
+        if not isinstance(manifest, dict) or manifest.get("run_id") != run_id:
+            raise ValueError(f"{peer} comes from another write")
+        return np.load(os.path.join(peer, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        ck.fail("send_local.npy", f"cannot check it against {peer}: "
+                                  f"{' '.join(str(err).split())}")
+
+
+def check_sends(ck: Checker, meta: dict, arr: dict) -> None:
+    """Each group of ``send_local`` against the peer it feeds (see the module docstring)."""
+    rank = int(os.path.basename(ck.folder).rsplit("-", 1)[1])
+    parent = os.path.dirname(ck.folder)
+    counts = np.asarray(arr["send_counts"], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for q in np.nonzero(counts)[0].tolist():
+        if q == rank:
+            ck.fail("send_counts.npy", f"sends {int(counts[q])} rows to its own rank {rank}")
+        peer = os.path.join(parent, f"part-{q:05d}")
+        if not os.path.isdir(peer):
+            continue  # that rank's own load says it is missing (or it lives on another disk)
+        recv = _peer_array(ck, peer, "recv_counts", meta.get("run_id"))
+        if recv.shape != counts.shape or int(recv[rank]) != int(counts[q]):
+            got = int(recv[rank]) if recv.shape == counts.shape else "?"
+            ck.fail("send_counts.npy", f"sends {int(counts[q])} rows to rank {q}, which expects "
+                                       f"{got}")
+        halo = _peer_array(ck, peer, "halo_ids", meta.get("run_id"))
+        at = int(np.sum(np.asarray(recv[:rank], dtype=np.int64)))
+        for off in range(0, int(counts[q]), CHECK_ELEMS):
+            stop = min(off + CHECK_ELEMS, int(counts[q]))
+            local = np.asarray(arr["send_local"][starts[q] + off:starts[q] + stop])
+            sent = np.asarray(arr["global_ids"])[local] if local.size else local
+            if not np.array_equal(sent, np.asarray(halo[at + off:at + stop])):
+                ck.fail("send_local.npy", f"its rows for rank {q} are not the halo rows rank {q} "
+                                          "expects from this rank")

@@ -164,3 +164,28 @@ def test_serial_minibatch_flags_still_train(tmp_path):
                  "--sampler-workers", "2", "--prefetch", "1", "--replace",
                  "--log-json", str(log)]) == 0
     assert _final(log)["mode"] == "minibatch"
+
+
+@pytest.fixture
+def block_shards(tmp_path):
+    from gnnpar.datasets import load_dataset
+    from gnnpar.partitioners import partition_graph, write_shards
+    graph = load_dataset(TINY)
+    out = tmp_path / "shards"
+    write_shards(graph, partition_graph(graph, 2, "block"), out)
+    return str(out)
+
+
+def test_partitioner_other_than_the_shards_is_refused(block_shards, no_work, capsys):
+    """--partition-dir already holds shards: the run uses them as they are, so a
+    --partitioner naming another method would be silently ignored."""
+    assert main(["--dataset", TINY, "--epochs", "1", "--quiet", "--algo", "1d", "--nprocs",
+                 "2", "--partition-dir", block_shards, "--partitioner", "random"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--partitioner random" in lines[0] and "block" in lines[0]
+
+
+def test_partitioner_of_the_shards_is_accepted(block_shards):
+    spec = argparse.Namespace(partition_dir=block_shards, reorder="none")
+    gnnpar.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner="block"))
+    gnnpar.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner=None))

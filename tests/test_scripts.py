@@ -117,7 +117,7 @@ def test_run_local_trains(tmp_path, mode):
     assert recs[-1]["world_size"] == 2 and recs[-1]["algo"] == "1d-halo"
     if mode == "pipeline":
         assert sorted(os.listdir(tmp_path / "gnnpar-shards-local")) == [
-            ".gnnpar-owner.json", "meta.json", "part-00000", "part-00001"]
+            ".gnnpar-lock", ".gnnpar-owner.json", "meta.json", "part-00000", "part-00001"]
 
 
 @pytest.mark.parametrize("sample_on", ["host", "device"])

@@ -394,3 +394,49 @@ def test_temporary_shards_of_a_killed_run_are_removed_by_the_next(tmp_path, monk
     assert temporary and os.path.basename(out) == "shards"
     names = set(os.listdir(tmp_path))
     assert dead not in names and live in names and os.path.basename(os.path.dirname(out)) in names
+
+
+# ------------------------------------------------------------------ issue 23: value dtypes, send lists
+def _replace_array(folder, rel, arr):
+    """Write ``arr`` as ``rel`` and update the manifest's byte size, as a careful edit would."""
+    path = os.path.join(folder, rel)
+    np.save(path, arr)
+    with open(os.path.join(folder, "part.json")) as f:
+        manifest = json.load(f)
+    manifest["files"][rel] = os.path.getsize(path)
+    with open(os.path.join(folder, "part.json"), "w") as f:
+        json.dump(manifest, f)
+    return path
+
+
+@pytest.mark.parametrize("rel", ["values_gcn.npy", "values_mean.npy", "raw_weight.npy"])
+def test_float16_values_are_refused(shards, rel):
+    folder = part_dir(shards, 1)
+    path = _replace_array(folder, rel, np.load(os.path.join(folder, rel)).astype(np.float16))
+    with pytest.raises(InputError, match="dtype float16") as err:
+        load_shard(shards, 1, world_size=2)
+    assert path in str(err.value)
+    load_shard(shards, 0, world_size=2)
+
+
+def test_an_in_range_edit_of_the_send_list_is_refused(shards):
+    folder = part_dir(shards, 0)
+    send = np.load(os.path.join(folder, "send_local.npy"))
+    n_local = np.load(os.path.join(folder, "global_ids.npy")).shape[0]
+    assert send.size and n_local > 1
+    edited = send.copy()
+    edited[0] = (edited[0] + 1) % n_local                # still a valid local id
+    path = _replace_array(folder, "send_local.npy", edited)
+    with pytest.raises(InputError, match="not the halo rows rank 1 expects") as err:
+        load_shard(shards, 0, world_size=2)
+    assert path in str(err.value)
+    load_shard(shards, 1, world_size=2)                  # rank 1's own lists are intact
+
+
+def test_send_counts_moved_between_ranks_are_refused(shards):
+    folder = part_dir(shards, 0)
+    counts = np.load(os.path.join(folder, "send_counts.npy"))
+    assert counts[0] == 0 and counts[1] > 0
+    _replace_array(folder, "send_counts.npy", np.array([1, counts[1] - 1], counts.dtype))
+    with pytest.raises(InputError, match="send_counts.npy"):
+        load_shard(shards, 0, world_size=2)
