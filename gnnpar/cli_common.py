@@ -182,14 +182,10 @@ def _finite(obj):
     return obj
 
 
-def cut_log(path: str, epoch: int) -> int:
-    """Keep only the epoch records of ``path`` with ``epoch`` < ``epoch`` (no final record, no
-    unreadable line — a run killed mid-write leaves half a line), rewritten atomically: a
-    temporary file in the same folder replaces the log. A path that is no regular file
-    (``/dev/stdout``) is left alone. Returns the number of records kept."""
-    if not os.path.isfile(path):
-        return 0
-    kept = []
+def epoch_records(path: str, before: int):
+    """``(line, record)`` of each epoch record of the log at ``path`` with ``epoch`` <
+    ``before``, in file order: final records and unreadable lines (a run killed mid-write
+    leaves half a line) are skipped."""
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
@@ -197,8 +193,19 @@ def cut_log(path: str, epoch: int) -> int:
             except ValueError:
                 continue
             if (isinstance(rec, dict) and not rec.get("final")
-                    and isinstance(rec.get("epoch"), int) and rec["epoch"] < epoch):
-                kept.append(line if line.endswith("\n") else line + "\n")
+                    and isinstance(rec.get("epoch"), int) and rec["epoch"] < before):
+                yield line, rec
+
+
+def cut_log(path: str, epoch: int) -> int:
+    """Keep only the epoch records of ``path`` with ``epoch`` < ``epoch`` (no final record, no
+    unreadable line — a run killed mid-write leaves half a line), rewritten atomically: a
+    temporary file in the same folder replaces the log. A path that is no regular file
+    (``/dev/stdout``) is left alone. Returns the number of records kept."""
+    if not os.path.isfile(path):
+        return 0
+    kept = [line if line.endswith("\n") else line + "\n"
+            for line, _ in epoch_records(path, epoch)]
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:

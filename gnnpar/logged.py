@@ -15,7 +15,6 @@ named).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
@@ -31,7 +30,7 @@ from gnnpar.datasets.owned import FolderBusy, FolderLock
 
 from .bootstrap import detect_world
 from .checkpoint import agree_on_error
-from .cli_common import JsonLog, progress
+from .cli_common import JsonLog, epoch_records, progress
 
 _LAST = ("loss", "train_acc", "val_acc", "test_acc")
 
@@ -59,17 +58,8 @@ def logged_totals(path: Optional[str], start: int) -> Optional[dict]:
     checkpoints carried them."""
     if not path or not os.path.isfile(path):
         return None
-    records = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if (isinstance(rec, dict) and not rec.get("final")
-                    and isinstance(rec.get("epoch"), int) and rec["epoch"] < start):
-                records[rec["epoch"]] = {k: float("nan") if v is None else v
-                                         for k, v in rec.items()}
+    records = {rec["epoch"]: {k: float("nan") if v is None else v for k, v in rec.items()}
+               for _, rec in epoch_records(path, start)}
     try:
         return final_metrics([records[e] for e in sorted(records)]) if records else None
     except KeyError:  # a record without the totals' fields: not one of ours

@@ -2,7 +2,8 @@
 
 ``GNNPAR_COMM_STRICT=1``: a gnnpar module that calls a ``torch.distributed`` collective itself
 (instead of going through ``gnnpar.kernels.comm``) fails the test that reaches it. And no
-test may leave a SIGTERM handler behind in the test process.
+test may leave a SIGTERM handler behind in the test process. ``no_work``: a fixture under which
+loading a dataset, spawning or training fails the test (for refusals that must come first).
 """
 import os
 import signal
@@ -10,6 +11,10 @@ import signal
 import pytest
 
 os.environ["GNNPAR_COMM_STRICT"] = "1"
+
+import gnnpar.launch  # noqa: E402 (after the setting, which modules may read)
+import gnnpar.partition_cli  # noqa: E402
+import gnnpar.shard_source  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -21,3 +26,14 @@ def _no_leaked_sigterm_handler():
     if after is not before:
         signal.signal(signal.SIGTERM, before)
         pytest.fail(f"the test left a SIGTERM handler installed: {after!r}", pytrace=False)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Any dataset load, spawn or training fails the test: refusals come first."""
+    def forbidden(*a, **k):
+        raise AssertionError("work started before the flags were checked")
+    monkeypatch.setattr(gnnpar.launch, "run_rank", forbidden)
+    monkeypatch.setattr(gnnpar.launch, "run_distributed", forbidden)
+    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", forbidden)
+    monkeypatch.setattr(gnnpar.partition_cli, "load_dataset", forbidden)

@@ -26,7 +26,6 @@ import pytest
 
 import gnnpar.launch
 import gnnpar.partition_cli
-import gnnpar.shard_source
 from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import MAX_BYTES_ENV, machine_memory
 from gnnpar.datasets.readers import read_ogb
@@ -39,17 +38,6 @@ from .cli_util import ROOT
 TINY = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02"
 MB = ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"]
 HUGE = "99999999999"
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Any dataset load, spawn or training fails the test: refusals come first."""
-    def forbidden(*a, **k):
-        raise AssertionError("work started before the flags were checked")
-    monkeypatch.setattr(gnnpar.launch, "run_rank", forbidden)
-    monkeypatch.setattr(gnnpar.launch, "run_distributed", forbidden)
-    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", forbidden)
-    monkeypatch.setattr(gnnpar.partition_cli, "load_dataset", forbidden)
 
 
 def refused(capsys, cli, argv, *needles, code=2):

@@ -74,16 +74,6 @@ REFUSED = [
 ]
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    """Any dataset load, spawn or training fails the test: refusals come first."""
-    def forbidden(*a, **k):
-        raise AssertionError("work started before the flags were checked")
-    monkeypatch.setattr(gnnpar.launch, "run_rank", forbidden)
-    monkeypatch.setattr(gnnpar.launch, "run_distributed", forbidden)
-    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", forbidden)
-
-
 @pytest.mark.parametrize("argv,flag", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
 def test_ignored_flag_refused_exit_2_one_line(argv, flag, no_work, capsys):
     assert main(["--dataset", TINY, "--epochs", "1", "--quiet", *argv]) == 2
