@@ -36,7 +36,7 @@ from .shard_source import (ShardSource, check_reorder, has_shards, load_graph, p
                            resolve_reorder, run_partition)
 from .spawn import SpawnError, spawn
 from .spec import RunSpec
-from .watchdog import EXIT_PREEMPTED, Watchdog
+from .watchdog import EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog
 
 
 def launch(spec: RunSpec) -> dict:
@@ -78,9 +78,11 @@ def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
 
     With ``exact`` (``--nprocs``, no ``--partition-dir`` shards) the graph is partitioned here
     as the run will partition it, and every algorithm is modelled on that partition's busiest
-    rank (:class:`~gnnpar.kernels.cost_model.Structure`), as ``gnnpar-plan --partitioner``
-    does; otherwise (shards already written, or ranks of a launcher, which partition on their
-    own) the average-rank estimate ranks them."""
+    rank (:class:`~gnnpar.kernels.cost_model.Structure`), with the blocks and the wire format
+    ``spec`` gives the run (``--block-layout``, ``--seed``, ``--comm-dtype``, ``--precision``),
+    as ``gnnpar-plan --partitioner`` does with the same flags; otherwise (shards already
+    written, or ranks of a launcher, which partition on their own) the average-rank estimate
+    ranks them, with the run's wire format."""
     graph: Optional[Graph] = None
     part = structure = None
     if has_shards(spec):
@@ -132,8 +134,16 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dic
             if e.failure.kind == "input":
                 raise InputError(e.failure.message) from None
             if e.failure.exit_code == EXIT_PREEMPTED:
-                print("gnnpar-train: preempted (SIGTERM): checkpoint written", file=sys.stderr)
+                # "exit": every rank left through its checkpoint's handler; else some rank
+                # was stopped before it had one (while starting) and wrote nothing
+                saved = ("checkpoint written" if e.failure.kind == "exit" else
+                         "no new checkpoint" if spec.checkpoint_dir else "no checkpoint")
+                print(f"gnnpar-train: preempted (SIGTERM): {saved}", file=sys.stderr)
                 raise SystemExit(EXIT_PREEMPTED)
+            if e.failure.kind in ("died", "hung"):  # a lost rank, as a launcher's watchdog says
+                print(f"gnnpar-train: {e.headline}; the other ranks were stopped",
+                      file=sys.stderr)
+                raise SystemExit(EXIT_PEER_LOST)
             raise RuntimeError(e.headline) from None
         finally:
             if temporary:

@@ -2,8 +2,10 @@
 
 Each child initialises a ``torch.distributed`` process group (gloo by default) through a
 file store in a private temporary folder, so no port can collide. A child's exception comes
-back to the parent with its traceback; if one child fails or dies, the others are killed and
-the parent raises :class:`SpawnError` naming the failed rank. No child outlives the call.
+back to the parent with its traceback; if one child fails, dies or stops (its heartbeat
+thread falls silent for ``timeout_s``), the others are killed and the parent raises
+:class:`SpawnError` naming that rank. A healthy run is never cut short: there is no deadline
+on the run, only on silence (:class:`_Collector`). No child outlives the call.
 
 **The rendezvous folder** ``$TMPDIR/gnnpar-rdzv-<pid>-<random>`` (``<pid>``: the parent's) is
 removed on every way out the parent controls: return, a failed or SIGKILLed rank, SIGTERM
@@ -34,15 +36,17 @@ from gnnpar.kernels.comm import import_dynamo_first, init_process_group
 from gnnpar.kernels.cpu_spmm import size_pool
 
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
-from .watchdog import die_with_parent
+from .watchdog import EXIT_PREEMPTED, die_with_parent, looks_like_comm_error
 
 
 @dataclass(frozen=True)
 class RankFailure:
     """How a rank failed, carried to the parent as data (never parsed from text): ``kind``
     ``"input"`` (an :class:`~gnnpar.datasets.InputError`, exit 2), ``"exit"``
-    (``SystemExit``; ``exit_code``), ``"died"`` (no report) or ``"error"``; ``message``: the
-    exception's own text; ``detail``: its type and traceback."""
+    (``SystemExit``; ``exit_code``) or ``"error"`` as the rank reported it; or, as the parent
+    saw it, ``"died"`` (no report), ``"hung"`` (its heartbeat stopped) or ``"preempted"``
+    (SIGTERM; exit code 143); ``message``: the exception's own text or the parent's
+    finding; ``detail``: the exception's type and traceback."""
 
     kind: str
     message: str
@@ -63,7 +67,8 @@ class SpawnError(RuntimeError):
     """A child rank failed; ``rank`` is the first one that did, ``failure`` says how."""
 
     def __init__(self, rank: int, failure: RankFailure):
-        super().__init__(f"rank {rank} failed: {failure.detail or failure.message}")
+        how = "lost" if failure.kind in ("died", "hung") else "failed"
+        super().__init__(f"rank {rank} {how}: {failure.detail or failure.message}")
         self.rank, self.failure = rank, failure
 
     @property
@@ -73,10 +78,13 @@ class SpawnError(RuntimeError):
 
 
 def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results,
-           dynamo_first=False):
+           dynamo_first=False, beats=None, beat_s=1.0):
     die_with_parent()  # a rank never outlives the process that spawned it
     _name_process(f"gnnpar-rank-{rank}")
     try:
+        if beats is not None:
+            threading.Thread(target=_beat, args=(beats, rank, beat_s), name="gnnpar-heartbeat",
+                             daemon=True).start()
         if threads:
             torch.set_num_threads(threads)
             size_pool(threads)
@@ -98,6 +106,17 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
         raise SystemExit(1)
 
 
+def _beat(beats, rank: int, every_s: float) -> None:
+    """The heartbeat thread of a rank: bump its counter in memory shared with the parent.
+
+    It runs beside the rank body and needs nothing from it, so a rank waiting in a collective
+    keeps beating; it stops with the process (SIGSTOP) or with its interpreter (a C call that
+    holds the GIL and never returns)."""
+    while True:
+        beats[rank] += 1
+        time.sleep(every_s)
+
+
 def _name_process(name: str) -> None:
     """Show the rank in ``ps``/``top`` (Linux thread name, 15 characters at most)."""
     try:
@@ -113,15 +132,25 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
     """Run ``fn(rank, world_size, *args)`` on ``nprocs`` ranks; return each rank's result.
 
     ``fn`` must be importable (module level). ``threads`` defaults to cores // nprocs (≥ 1).
-    ``dynamo_first``: ``fn`` builds a torch optimizer (trains), so each rank imports
-    ``torch._dynamo`` before it joins (:func:`gnnpar.kernels.comm.import_dynamo_first`), and
-    its process groups are freed when it leaves.
+    ``timeout_s``: how long a collective may wait (the process group's timeout) and how long
+    a rank's heartbeat may be silent before the rank is reported lost; the run itself has no
+    deadline (see :class:`_Collector`). ``dynamo_first``: ``fn`` builds a torch optimizer
+    (trains), so each rank imports ``torch._dynamo`` before it joins
+    (:func:`gnnpar.kernels.comm.import_dynamo_first`), and its process groups are freed when
+    it leaves.
+
+    Raises :class:`SpawnError` naming the rank: ``failure.kind`` is ``"died"`` (the process
+    ended without a report), ``"hung"`` (its heartbeat stopped), ``"preempted"`` (SIGTERM
+    reached the ranks before every one could leave through its own handler; exit code 143),
+    or the rank's own report (``"input"``, ``"exit"``, ``"error"``).
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
+    beats = ctx.RawArray("Q", nprocs)  # one heartbeat counter per rank
+    beat_s = _beat_interval(timeout_s)
     remove_stale_rdzv_dirs()
     procs: list = []
     sigterm = _SigtermForwarder(procs)  # before the folder exists: no SIGTERM can strand it
@@ -131,12 +160,21 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
         store = os.path.join(tmp, "store")
         try:
             for r in range(nprocs):
-                procs.append(ctx.Process(target=_child, daemon=True,
-                                         args=(fn, r, nprocs, store, backend, timeout_s,
-                                               threads, args, results, dynamo_first)))
-                procs[-1].start()
+                p = ctx.Process(target=_child, daemon=True,
+                                args=(fn, r, nprocs, store, backend, timeout_s, threads, args,
+                                      results, dynamo_first, beats, beat_s))
+                try:
+                    p.start()
+                except OSError:
+                    if not sigterm.received:
+                        raise
+                    # a SIGTERM to the whole process group took it before it read its task
+                    raise SpawnError(r, RankFailure(
+                        "preempted", f"rank {r} stopped on SIGTERM while it started",
+                        EXIT_PREEMPTED)) from None
+                procs.append(p)
             sigterm.started()
-            return _collect(procs, results, nprocs, timeout_s)
+            return _Collector(procs, results, timeout_s, beats, beat_s, sigterm).run()
         finally:
             for p in procs:
                 if p.is_alive():
@@ -151,37 +189,41 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
 
 class _SigtermForwarder:
     """While the ranks run, pass SIGTERM (SLURM preemption) on to them, so each can write
-    its checkpoint (the parent cleans up once they are gone). A SIGTERM that came while the
-    ranks were starting reaches them all once started; one that no rank could take (none left)
-    is delivered to this process again by :meth:`restore`, after the cleanup, under the
-    previous handler."""
+    its checkpoint (the parent cleans up once they are gone).
+
+    Each rank gets the signal once: the ranks started when it came at once, the others as
+    soon as they are started (:meth:`started`). A rank may get it before it has a handler of
+    its own (while its interpreter starts, before ``fn`` installs one) and die of it: that is
+    still a preemption, never a lost rank (``received`` tells :class:`_Collector`). A SIGTERM
+    that no rank could take (none left) is delivered to this process again by
+    :meth:`restore`, after the cleanup, under the previous handler."""
 
     def __init__(self, procs):
         self.procs = procs
-        self.starting = True
-        self.pending = False
+        self.received = False
+        self.sent: set = set()  # pids the signal was passed on to
         self.installed = threading.current_thread() is threading.main_thread()
         if self.installed:
             self.old = signal.signal(signal.SIGTERM, self._handle)
 
-    def _forward(self) -> int:
-        live = [p for p in self.procs if p.pid is not None and p.exitcode is None]
-        for p in live:
+    def _forward(self) -> None:
+        for p in list(self.procs):
+            if p.pid is None or p.pid in self.sent or p.exitcode is not None:
+                continue
+            self.sent.add(p.pid)
             try:
                 os.kill(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-        return len(live)
 
     def _handle(self, signum, frame) -> None:
-        if self._forward() == 0 or self.starting:
-            self.pending = True
+        self.received = True
+        self._forward()
 
     def started(self) -> None:
         """All ranks started: pass on a SIGTERM that came while they were starting."""
-        self.starting = False
-        if self.pending and self._forward():
-            self.pending = False
+        if self.received:
+            self._forward()
 
     def restore(self) -> None:
         if not self.installed:
@@ -189,7 +231,7 @@ class _SigtermForwarder:
         self.installed = False
         # None: a handler not set from Python; the default is the nearest we can restore
         signal.signal(signal.SIGTERM, signal.SIG_DFL if self.old is None else self.old)
-        if self.pending:
+        if self.received and not self.sent:
             signal.raise_signal(signal.SIGTERM)
 
 
@@ -208,46 +250,183 @@ def remove_stale_rdzv_dirs(root: Optional[str] = None) -> List[str]:
     return remove_stale_scratch_dirs(RDZV_PREFIX, root)
 
 
-def _collect(procs, results, nprocs, timeout_s):
-    out: List[Any] = [None] * nprocs
-    done = 0
-    deadline = time.monotonic() + timeout_s + 60
-    while done < nprocs:
-        try:
-            rank, ok, value = results.get(timeout=0.2)
-        except queue_mod.Empty:
-            if any(p.exitcode not in (None, 0) for p in procs):
-                _raise_root_cause(procs, results, {})
-            if time.monotonic() > deadline:
-                raise SpawnError(-1, RankFailure(
-                    "error", f"no result within {timeout_s + 60:.0f} s"))
-            continue
-        if not ok:
-            _raise_root_cause(procs, results, {rank: value})
-        out[rank] = value
-        done += 1
-    return out
+# ---------------------------------------------------------------- watching the ranks
+POLL_S = 0.2          # how often the parent looks at the queue, the exit codes, the heartbeats
+SETTLE_S = 1.0        # after a failure, how long the other ranks' reports may take to arrive
+STARTUP_S = 120.0     # a rank's first beat may take this long (interpreter, torch import)
+RESULT_GRACE_S = 5.0  # a rank that exited 0 has sent its result by then
 
 
-def _raise_root_cause(procs, results, reports):
-    """Name the rank that caused a failure: a rank that died without reporting (killed by a
-    signal, crashed) comes first, since its peers only see the broken connection."""
-    time.sleep(1.0)  # let the other reports and exit codes arrive
-    while True:
+def _beat_interval(timeout_s: float) -> float:
+    """Seconds between a rank's beats: a tenth of ``timeout_s``, within 0.05–1 s."""
+    return min(1.0, max(0.05, timeout_s / 10))
+
+
+def _is_stopped(pid: Optional[int]) -> bool:
+    """The process is stopped (SIGSTOP, SIGTSTP), per ``/proc`` (False where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
+class _Collector:
+    """Wait for every rank's result; on the first sign of failure, name the rank to blame.
+
+    **Liveness** comes from heartbeats, not from a deadline on the run (a healthy run may
+    take days): each rank's thread bumps its counter every ``beat_s`` (:func:`_beat`), and
+    this process notes, on its own clock, when each counter last changed. A rank silent for
+    more than ``timeout_s`` is lost (``"hung"``), so a stopped or frozen rank is named within
+    ``timeout_s`` plus a poll; before its first beat a rank gets ``STARTUP_S`` (or
+    ``timeout_s`` once ``/proc`` shows it stopped). If this process itself saw nothing for a
+    while (it was stopped with its ranks, Ctrl-Z then ``fg``, or starved of CPU), it judges
+    no silence that spans the gap. A rank that dies is seen at the next poll.
+
+    **Blame.** A rank that died without a report comes first (its peers only see the broken
+    connection); then a rank whose heartbeat stopped. A rank whose collective failed (gloo's
+    timeout is ``timeout_s`` too) may be waiting for a stopped peer: before that error is
+    reported, the parent waits up to ``timeout_s`` for a peer to fall silent, and names that
+    peer if one does — the rank that stopped, not the ranks it left waiting. Once a SIGTERM
+    was passed on (or a rank died of one), the outcome is a preemption (exit code 143).
+    """
+
+    def __init__(self, procs, results, timeout_s, beats, beat_s, sigterm):
+        self.procs, self.results, self.timeout_s = procs, results, timeout_s
+        self.beats, self.beat_s, self.sigterm = beats, beat_s, sigterm
+        self.n = len(procs)
+        self.out: List[Any] = [None] * self.n
+        self.done: set = set()
+        self.reports: dict = {}
+        now = time.monotonic()
+        self.seen = [0] * self.n  # each rank's last counter value, and when it changed
+        self.changed = [now] * self.n
+        self.last_look = now
+        self.exited_at: dict = {}  # rank -> when it was first seen exited 0 without a result
+
+    def run(self) -> List[Any]:
+        while len(self.done) < self.n:
+            if not self._drain(POLL_S) or self._silent_deaths() or self._lost() is not None:
+                self._fail()
+        return self.out
+
+    # ------------------------------------------------------------ what the ranks tell
+    def _drain(self, wait_s: float) -> bool:
+        """Read the results and reports that arrive within ``wait_s``, and the heartbeats;
+        False once a rank has reported a failure."""
         try:
-            rank, ok, value = results.get_nowait()
+            item = self.results.get(timeout=wait_s) if wait_s else self.results.get_nowait()
+            while True:
+                rank, ok, value = item
+                if ok:
+                    self.out[rank] = value
+                    self.done.add(rank)
+                else:
+                    self.reports.setdefault(rank, value)
+                item = self.results.get_nowait()
         except queue_mod.Empty:
-            break
-        if not ok:
-            reports.setdefault(rank, value)
-    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in reports]
-    if silent:
-        code = procs[silent[0]].exitcode
-        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        peers = f"; {len(reports)} peer(s) then failed" if reports else ""
-        raise SpawnError(silent[0], RankFailure(
-            "died", f"process {how} without reporting an error{peers}"))
-    # bad input on any rank is the cause (its peers then fail on the broken group); otherwise
-    # the earliest report: peers' come after the connection breaks
-    first = next((r for r, f in reports.items() if f.kind == "input"), next(iter(reports)))
-    raise SpawnError(first, reports[first])
+            pass
+        self._read_beats()
+        return not self.reports
+
+    def _read_beats(self) -> None:
+        now = time.monotonic()
+        if now - self.last_look > max(1.5, self.timeout_s / 2):
+            self.changed = [now] * self.n  # this process was not running: it saw nothing
+        self.last_look = now
+        for r in range(self.n):
+            beat = self.beats[r]
+            if beat != self.seen[r]:
+                self.seen[r], self.changed[r] = beat, now
+
+    def _silent_deaths(self) -> List[int]:
+        """Ranks that ended without a report: non-zero exit, or exit 0 and no result."""
+        now = time.monotonic()
+        dead = []
+        for r, p in enumerate(self.procs):
+            code = p.exitcode
+            if code is None or r in self.reports or r in self.done:
+                continue
+            if code != 0 or now - self.exited_at.setdefault(r, now) > RESULT_GRACE_S:
+                dead.append(r)
+        return dead
+
+    def _lost(self) -> Optional[tuple]:
+        """(rank, seconds silent, stopped?) of a running rank whose heartbeat stopped."""
+        now = time.monotonic()
+        for r in self._running():
+            silent = now - self.changed[r]
+            if silent <= self.timeout_s:
+                continue
+            stopped = _is_stopped(self.procs[r].pid)
+            if self.seen[r] or stopped or silent > STARTUP_S:
+                return r, silent, stopped
+        return None
+
+    def _running(self) -> List[int]:
+        return [r for r, p in enumerate(self.procs)
+                if p.exitcode is None and r not in self.reports and r not in self.done]
+
+    # ------------------------------------------------------------ the verdict
+    def _fail(self) -> None:
+        """Raise the :class:`SpawnError` that names the cause (returns only when the sign of
+        failure went away: a stopped rank was continued in time)."""
+        deadline = time.monotonic() + SETTLE_S  # let the other reports and exit codes arrive
+        while self._running() and time.monotonic() < deadline:
+            self._drain(POLL_S)
+        self._drain(0)
+        if self._preempted():
+            # the ranks that took the signal write their checkpoints: let them finish
+            deadline = time.monotonic() + max(self.timeout_s, STARTUP_S)
+            while self._running() and self._lost() is None and time.monotonic() < deadline:
+                self._drain(POLL_S)
+            raise self._preemption()
+        self._raise_dead_or_lost()
+        if self.reports and all(f.kind == "error" and looks_like_comm_error(
+                (f.detail or f.message).split("\n", 1)[0]) for f in self.reports.values()):
+            # a broken collective: its peer may be the one that stopped; its silence shows
+            deadline = time.monotonic() + self.timeout_s + 2 * self.beat_s + 1
+            while self._running() and time.monotonic() < deadline:
+                self._drain(POLL_S)
+                self._raise_dead_or_lost()
+        if self.reports:
+            # bad input on any rank is the cause (its peers then fail on the broken group);
+            # otherwise the earliest report: peers' come after the connection breaks
+            first = next((r for r, f in self.reports.items() if f.kind == "input"),
+                         next(iter(self.reports)))
+            raise SpawnError(first, self.reports[first])
+
+    def _raise_dead_or_lost(self) -> None:
+        silent = self._silent_deaths()
+        if silent:
+            code = self.procs[silent[0]].exitcode
+            how = (f"killed by signal {-code}" if code < 0 else
+                   f"exited with code {code}" if code else "exited without a result")
+            peers = f"; {len(self.reports)} peer(s) then failed" if self.reports else ""
+            raise SpawnError(silent[0], RankFailure(
+                "died", f"process {how} without reporting an error{peers}"))
+        lost = self._lost()
+        if lost is not None:
+            r, silent_s, stopped = lost
+            why = "the process is stopped" if stopped else "the process is frozen or deadlocked"
+            raise SpawnError(r, RankFailure(
+                "hung", f"no heartbeat for {silent_s:.0f} s ({why}; --timeout "
+                f"{self.timeout_s:g} s)"))
+
+    def _preempted(self) -> bool:
+        return (self.sigterm.received
+                or any(p.exitcode == -signal.SIGTERM for p in self.procs)
+                or any(f.exit_code == EXIT_PREEMPTED for f in self.reports.values()))
+
+    def _preemption(self) -> "SpawnError":
+        """Every failed rank left through its own SIGTERM handler (exit 143, its checkpoint
+        written): that rank's report; otherwise a ``"preempted"`` failure (exit 143 too)."""
+        took = [r for r, f in self.reports.items() if f.exit_code == EXIT_PREEMPTED]
+        others = [r for r, p in enumerate(self.procs)
+                  if r not in took and r not in self.done and p.exitcode not in (None, 0)]
+        if took and not others:
+            return SpawnError(took[0], self.reports[took[0]])
+        first = (others or took or [0])[0]
+        return SpawnError(first, RankFailure(
+            "preempted", f"rank {first} stopped on SIGTERM before it could leave through a "
+            "handler of its own", EXIT_PREEMPTED))

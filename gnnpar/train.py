@@ -13,7 +13,9 @@ torchrun (one node, 4 ranks; shards written beforehand by gnnpar-partition)::
     torchrun --nproc-per-node 4 -m gnnpar.train --algo 2d --grid 2x2 --partition-dir shards/
 
 Also ``python -m gnnpar.train ...``. Exit codes: 0 success, 2 bad input, 1 internal error,
-4 training diverged (the loss became NaN or infinite; see ``cli_common.EXIT_DIVERGED``).
+3 a lost rank (one that died, or whose heartbeat stopped for ``--timeout`` seconds; local
+``--nprocs`` ranks and launched ones alike), 4 training diverged (the loss became NaN or
+infinite; see ``cli_common.EXIT_DIVERGED``), 143 preempted (SIGTERM).
 """
 from __future__ import annotations
 

@@ -356,8 +356,14 @@ class Watchdog:
 
 
 def _looks_like_comm_error(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}".lower()
-    return any(w in text for w in _COMM_ERROR_WORDS) or "dist" in type(e).__name__.lower()
+    return looks_like_comm_error(f"{type(e).__name__} {e}") or "dist" in type(e).__name__.lower()
+
+
+def looks_like_comm_error(text: str) -> bool:
+    """An error message that reads like a broken or timed-out collective (it may be a
+    symptom of a peer that died or stopped, not the cause)."""
+    text = text.lower()
+    return any(w in text for w in _COMM_ERROR_WORDS)
 
 
 # ---------------------------------------------------------------- children of a spawner
