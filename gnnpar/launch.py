@@ -32,7 +32,7 @@ from gnnpar.partitioners.shards import read_meta
 from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
 from .plan_cli import plan
 from .rank import run_rank
-from .shard_source import (ShardSource, check_reorder, has_shards, load_graph, prepare_shards,
+from .shard_source import (ShardSource, check_shard_flags, has_shards, load_graph, prepare_shards,
                            resolve_reorder, run_partition)
 from .spawn import SpawnError, spawn
 from .spec import RunSpec
@@ -47,7 +47,7 @@ def launch(spec: RunSpec) -> dict:
     distributed = (spec.algo != "serial" or spec.minibatch) and bool(
         spec.nprocs or detect_world().launched)
     spec = resolve_reorder(spec, not distributed and not spec.minibatch)
-    check_reorder(spec)
+    check_shard_flags(spec)
     if distributed:
         return run_distributed(spec)
     if spec.algo != "serial":

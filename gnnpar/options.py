@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1.5d/2d data movement (default halo: only the rows a block touches)")
     add_model_args(g)
     g.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds a collective may wait before every rank fails")
+                   help="seconds a collective may wait before every rank fails, and how "
+                        "long a rank's heartbeat may be silent before it is named lost "
+                        "(exit 3; default 300)")
     add_minibatch_args(p)
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,

@@ -85,7 +85,6 @@ def check_shard_flags(spec) -> None:
     check_partitioner(spec, spec.partition_dir)
 
 
-check_reorder = check_shard_flags  #: the name the launcher calls it by
 
 
 def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
