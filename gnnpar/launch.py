@@ -32,8 +32,8 @@ from gnnpar.partitioners.shards import read_meta
 from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
 from .plan_cli import plan
 from .rank import run_rank
-from .shard_source import (ShardSource, check_shard_flags, has_shards, load_graph, prepare_shards,
-                           resolve_reorder, run_partition)
+from .shard_source import (ShardSource, check_shard_flags, has_shards, load_graph,
+                           prepare_shards, resolve_reorder, run_partition)
 from .spawn import SpawnError, spawn
 from .spec import RunSpec
 from .watchdog import EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog

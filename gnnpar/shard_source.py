@@ -85,8 +85,6 @@ def check_shard_flags(spec) -> None:
     check_partitioner(spec, spec.partition_dir)
 
 
-
-
 def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
     """Refuse shards of another graph than ``--dataset`` (without ``--dataset`` the shards are
     used as they are). Cheap when the shards record the same dataset identity (spec params,
