@@ -10,18 +10,26 @@ cache and no per-call setup.
 **Arithmetic, chosen on purpose.** Each row's entries are added in CSR order in float32, each
 product rounded before it is added: no fused multiply-add (numba does not contract a multiply
 and an add unless told to). A product therefore has the same bits on every x86-64 CPU, with
-or without FMA units, at every thread count (a row is never split between threads), so a run
-and its checkpoints reproduce on another machine. ``torch.sparse.mm`` (MKL) adds in the same
-order but fuses the multiply and the add on CPUs that have FMA, so where the size rule
-(:data:`MIN_WIDTH`, :data:`MIN_WORK`) hands a product to torch its last bits may differ from
-the kernel's, within the rounding of the sum (``tests/exact.py`` states the bound); the tests
-hold the kernel to a sequential sum in its own arithmetic, bit for bit.
+or without FMA units, at every thread count (a row is never split between threads). torch's
+CSR product (MKL) adds in the same order but fuses the multiply and the add on CPUs that have
+FMA, so its last bits depend on the CPU, within the rounding of the sum (``tests/exact.py``
+states the bound); the tests hold the kernel to a sequential sum in its own arithmetic, bit
+for bit, and torch within that bound.
+
+**Which product serves a call** (``GNNPAR_SPMM``): ``auto`` (the default) follows
+:data:`SIZE_RULE`: float32 products go to torch's ``addmm`` into the given output (MKL's
+product was faster than this kernel at every width and size swept, once both write into a
+reused output), bf16 products this wide and this large to the kernel (MKL has no bf16
+product: torch's path widens H to a float32 copy first). ``numba`` sends every float32 and
+bf16 product to the kernel: the same bits on every x86-64 CPU, so a run and its checkpoints
+reproduce on a machine with another instruction set, at MKL's speed advantage.
+``torch`` sends every product to torch.
 
 :func:`csr_mm` is the one entry every local product uses (:mod:`gnnpar.kernels.local` and
 each distributed kernel's local part). On CUDA it uses ``torch.sparse.mm`` (cuSPARSE), or the
 Triton kernel of :mod:`gnnpar.kernels.triton_spmm` with ``GNNPAR_SPMM_GPU=triton``; on the
-CPU this kernel, falling back to ``torch.sparse.mm`` for dtypes other than float32 and bf16,
-without numba, below the size rule, or with ``GNNPAR_SPMM=torch`` in the environment.
+CPU this kernel or torch's product as above (torch's for dtypes other than float32 and bf16,
+and without numba).
 Writes into a given ``out`` that torch cannot see (the kernels write through numpy views or
 raw pointers) bump ``out``'s version counter, so autograd still refuses a backward through a
 tensor that was saved and then overwritten.
@@ -126,7 +134,20 @@ def available() -> bool:
     too: an abort at exit once seen there with its thread pool ("terminate called without an
     active exception") did not recur in 46 runs, and its likely cause, process groups that
     outlived shutdown, is fixed (:func:`gnnpar.kernels.comm.import_dynamo_first`)."""
-    return os.environ.get(ENV, "numba") != "torch" and _numba_installed()
+    return mode() != "torch" and _numba_installed()
+
+
+#: the values of ``GNNPAR_SPMM`` (see the module docstring)
+MODES = ("auto", "numba", "torch")
+
+
+def mode() -> str:
+    """``GNNPAR_SPMM``: ``auto`` unless set; an unknown value is an error, not a silent
+    default (a typo must not change which arithmetic a run uses)."""
+    value = os.environ.get(ENV, "auto")
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)}")
+    return value
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,19 +167,29 @@ def row_blocks(indptr: np.ndarray, parts: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
 
-#: the kernel serves products at least this wide with at least this many multiply-adds;
-#: below, torch's product is faster (the kernel's call costs tens of µs of dispatch, and its
-#: narrow rows vectorise poorly). ``scripts/bench_spmm.py --size-rule`` measures the
-#: crossover; ``docs/performance.md`` has the figures behind these values. The two paths
-#: add in the same order, but torch may fuse (see the module docstring).
-MIN_WIDTH, MIN_WORK = 32, 1 << 22
+#: per feature dtype, ``(min_width, min_work)``: under ``GNNPAR_SPMM=auto`` the kernel serves
+#: a product at least ``min_width`` wide with at least ``min_work`` multiply-adds (nnz·width),
+#: torch's product the rest; a dtype not listed always goes to torch. float32 is not listed:
+#: MKL's product into a reused output was faster at every width and size swept. bf16: the
+#: kernel reads the rows at their width and wins on wide, large products; torch's widened
+#: copy wins below. ``scripts/bench_spmm.py --size-rule`` measures the crossover;
+#: ``docs/performance.md`` has the figures behind these values.
+SIZE_RULE = {torch.bfloat16: (128, 1 << 26)}
+
+
+def kernel_picked(dtype: torch.dtype, width: int, nnz: int) -> bool:
+    """Whether ``GNNPAR_SPMM=auto`` gives a product of ``nnz`` entries, ``width`` wide, in
+    ``dtype`` to the kernel (:data:`SIZE_RULE`)."""
+    rule = SIZE_RULE.get(dtype)
+    return rule is not None and width >= rule[0] and nnz * width >= rule[1]
 
 
 def _usable(A: torch.Tensor, h: torch.Tensor) -> bool:
-    return (available() and A.device.type == "cpu" and h.device.type == "cpu"
+    if not (available() and A.device.type == "cpu" and h.device.type == "cpu"
             and A.layout == torch.sparse_csr and A.dtype == torch.float32
-            and h.dtype in (torch.float32, torch.bfloat16) and h.dim() == 2
-            and h.shape[1] >= MIN_WIDTH and A.values().shape[0] * h.shape[1] >= MIN_WORK)
+            and h.dtype in (torch.float32, torch.bfloat16) and h.dim() == 2):
+        return False
+    return mode() == "numba" or kernel_picked(h.dtype, h.shape[1], A.values().shape[0])
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:

@@ -10,8 +10,8 @@
 Â·H with the GCN-normalised Â of the dataset, H (n, f), for each width f. The sides:
 
 - ``gnnpar``: on the CPU the compiled kernel (``kernels/cpu_spmm.py``), forced on at every
-  width (``cpu_spmm.MIN_WIDTH = MIN_WORK = 0``; column ``rule`` says which side the size rule
-  would pick for this product), for each thread count, fp32; on CUDA the Triton kernel
+  width (``GNNPAR_SPMM=numba``; column ``rule`` says which side the size rule would pick
+  for this product), for each thread count, fp32; on CUDA the Triton kernel
   (``kernels/triton_spmm.py``), with H in fp32 and in bf16 (bf16 gathers, fp32 sums). It
   writes into an output allocated once.
 - ``torch`` (``torch_s``): ``torch.addmm(out, A, H, beta=0, out=out)``, into an output
@@ -27,20 +27,20 @@ row finished: with more runnable threads than cores every figure is noise.
 ``GNNPAR_SPMM=torch`` switches gnnpar's CPU products to torch's kernel; ``GNNPAR_SPMM_GPU=triton``
 its CUDA ones to Triton.
 
-``--size-rule`` (CPU) re-derives the size rule of ``kernels/cpu_spmm.py`` (``MIN_WIDTH``,
-``MIN_WORK``: the compiled kernel serves a product at least ``MIN_WIDTH`` wide with at least
-``MIN_WORK`` = nnz·width multiply-adds, torch's ``addmm`` the rest). It sweeps ``--rule-widths``
+``--size-rule`` (CPU) re-derives the size rule of ``kernels/cpu_spmm.py`` (``SIZE_RULE``: per
+dtype, the compiled kernel serves a product at least ``min_width`` wide with at least
+``min_work`` = nnz·width multiply-adds, torch's ``addmm`` the rest). It sweeps ``--rule-widths``
 (default 1,4,8,16,32,64,128,256) on each graph of ``--rule-graphs`` (default rmat scales
 10, 12, 14, 16, ef 16), both sides through ``cpu_spmm.csr_mm`` as the library calls it (into a
-reused output; the rule forced to the compiled kernel on one side, to torch on the other, so
+reused output; ``GNNPAR_SPMM=numba`` on one side, ``torch`` on the other, so
 for fp32 the torch side is ``torch.addmm(out, A, H, beta=0, out=out)``, for bf16 the widened
 copy's product rounded into ``out``, exactly the fallback). Every round visits every
 (graph, width) once, both sides back to back in alternating order; a product is repeated
 within a timing until it takes about ``--min-time`` seconds. It prints one JSON line per
 (graph, width) with the medians, which side wins and which side the current rule picks, then
-a table sorted by nnz·width, and the (MIN_WIDTH, MIN_WORK) pair among the swept values that
-loses least against always picking the faster side (mean relative excess time), beside the
-current pair's loss.
+a table sorted by nnz·width, and per dtype the (min_width, min_work) pair among the swept
+values that loses least against always picking the faster side (mean relative excess time),
+beside the current rule's loss.
 
 ``--sweep`` (CUDA) also times every tile of ``triton_spmm.CANDIDATES`` and the default tile
 with the rows in their stored order instead of longest first, one JSON line each
@@ -92,31 +92,34 @@ def load() -> float:
 
 
 @contextlib.contextmanager
-def rule(min_width, min_work):
-    """``cpu_spmm``'s size rule set to (min_width, min_work) for the block."""
-    old = cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK
-    cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK = min_width, min_work
+def spmm_mode(mode: str):
+    """``GNNPAR_SPMM`` set to ``mode`` for the block."""
+    old = os.environ.get(cpu_spmm.ENV)
+    os.environ[cpu_spmm.ENV] = mode
     try:
         yield
     finally:
-        cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK = old
+        if old is None:
+            del os.environ[cpu_spmm.ENV]
+        else:
+            os.environ[cpu_spmm.ENV] = old
 
 
 def compiled_mm(A, h, out):
     """gnnpar's CPU product on the compiled kernel, whatever the size rule says."""
-    with rule(0, 0):
+    with spmm_mode("numba"):
         return cpu_spmm.csr_mm(A, h, out)
 
 
 def torch_mm(A, h, out):
-    """gnnpar's CPU product on torch's kernel (its fallback: ``addmm`` into ``out`` for fp32)."""
-    with rule(math.inf, math.inf):
+    """gnnpar's CPU product on torch's kernel (``addmm`` into ``out`` for fp32)."""
+    with spmm_mode("torch"):
         return cpu_spmm.csr_mm(A, h, out)
 
 
-def rule_picks(nnz: int, f: int) -> str:
+def rule_picks(nnz: int, f: int, dtype=torch.float32) -> str:
     """Which side the current size rule gives a product of ``nnz`` entries, ``f`` wide."""
-    return "gnnpar" if f >= cpu_spmm.MIN_WIDTH and nnz * f >= cpu_spmm.MIN_WORK else "torch"
+    return "gnnpar" if cpu_spmm.kernel_picked(dtype, f, nnz) else "torch"
 
 
 def gcn_operator(spec, device):
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true",
                    help="CUDA: also time every Triton tile and the unsorted row order")
     p.add_argument("--size-rule", action="store_true",
-                   help="CPU: sweep widths and graph sizes for cpu_spmm's MIN_WIDTH/MIN_WORK")
+                   help="CPU: sweep widths and graph sizes for cpu_spmm's SIZE_RULE")
     p.add_argument("--rule-widths", default=RULE_WIDTHS, help="widths of --size-rule")
     p.add_argument("--rule-graphs", nargs="+", default=list(RULE_GRAPHS),
                    help="dataset specs of --size-rule (space-separated)")
@@ -252,8 +255,8 @@ def size_rule(a, threads) -> int:
               for d in a.rule_dtypes.split(",")]
     cpu = torch.device("cpu")
     print(f"# size rule sweep: widths {widths}, graphs {a.rule_graphs}, threads {threads}, "
-          f"{a.repeats} rounds; current rule MIN_WIDTH={cpu_spmm.MIN_WIDTH} "
-          f"MIN_WORK={cpu_spmm.MIN_WORK}; load average {load():.2f}", file=sys.stderr)
+          f"{a.repeats} rounds; current rule {current_rule()}; load average {load():.2f}",
+          file=sys.stderr)
     cases = []
     for spec in a.rule_graphs:
         g, A = gcn_operator(spec, cpu)
@@ -293,7 +296,7 @@ def size_rule(a, threads) -> int:
                    "load": statistics.median(c["loads"])}
             row["ratio"] = row["gnnpar_s"] / row["torch_s"]
             row["faster"] = "gnnpar" if row["ratio"] < 1 else "torch"
-            row["rule"] = rule_picks(c["nnz"], c["width"])
+            row["rule"] = rule_picks(c["nnz"], c["width"], c["dtype"])
             rows.append(row)
             print(json.dumps(row))
     for t in threads:
@@ -308,16 +311,26 @@ def size_rule(a, threads) -> int:
                   f"{r['ratio']:.2f} | {r['faster']} | {r['rule']}"
                   f"{'' if r['rule'] == r['faster'] else ' (!)'} | {r['load']:.2f} |",
                   file=sys.stderr)
-        best = best_rule(mine)
-        now = rule_loss(mine, cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK)
-        print(f"current rule MIN_WIDTH={cpu_spmm.MIN_WIDTH} MIN_WORK={cpu_spmm.MIN_WORK}: "
-              f"mean excess {now:.1%} over always the faster side; best swept rule "
-              f"MIN_WIDTH={best[1]} MIN_WORK={best[2]}: {best[0]:.1%}", file=sys.stderr)
-        print(json.dumps({"what": "size_rule", "threads": t,
-                          "current": [cpu_spmm.MIN_WIDTH, cpu_spmm.MIN_WORK],
-                          "current_excess": now, "best": [best[1], best[2]],
-                          "best_excess": best[0], "load": load()}))
+        for dtype in dtypes:
+            name = str(dtype).replace("torch.", "")
+            these = [r for r in mine if r["dtype"] == name]
+            current = cpu_spmm.SIZE_RULE.get(dtype, (math.inf, math.inf))
+            best = best_rule(these)
+            now = rule_loss(these, *current)
+            print(f"{name}: current rule (min_width, min_work) = {current}: mean excess "
+                  f"{now:.1%} over always the faster side; best swept rule "
+                  f"({best[1]}, {best[2]}): {best[0]:.1%} (inf: never the kernel)",
+                  file=sys.stderr)
+            print(json.dumps({"what": "size_rule", "threads": t, "dtype": name,
+                              "current": [str(v) for v in current], "current_excess": now,
+                              "best": [str(best[1]), str(best[2])],
+                              "best_excess": best[0], "load": load()}))
     return 0
+
+
+def current_rule() -> str:
+    return ", ".join(f"{str(d).replace('torch.', '')}: {rule}"
+                     for d, rule in cpu_spmm.SIZE_RULE.items()) + " (other dtypes: torch)"
 
 
 def rule_loss(rows, min_width, min_work) -> float:
@@ -331,9 +344,9 @@ def rule_loss(rows, min_width, min_work) -> float:
 
 
 def best_rule(rows):
-    """(loss, MIN_WIDTH, MIN_WORK) of the swept values that loses least; among equal losses
-    the larger thresholds (torch for more products)."""
-    widths = sorted({0} | {r["width"] for r in rows})
+    """(loss, min_width, min_work) of the swept values (and never: inf) that loses least;
+    among equal losses the larger thresholds (torch for more products)."""
+    widths = sorted({0, math.inf} | {r["width"] for r in rows})
     works = sorted({0} | {r["work"] for r in rows})
     loss, w, k = min((rule_loss(rows, w, k), -w, -k) for w in widths for k in works)
     return loss, -w, -k

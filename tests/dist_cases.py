@@ -116,9 +116,8 @@ def compiled_equivalence(rank, world, cases, n, kinds, precisions, force=True):
     """The distributed algorithms on the compiled CPU SpMM (:mod:`gnnpar.kernels.cpu_spmm`)
     against the serial trainer on ``torch.sparse.mm``.
 
-    The test graphs are far below the kernel's size rule, which would send every product to
-    torch, so with ``force`` this rank sets ``MIN_WIDTH = MIN_WORK = 0`` in itself (a spawned
-    child does not see the parent's monkeypatching) and counts the compiled kernel's calls by
+    The size rule sends float32 and these small bf16 products to torch, so with ``force`` this
+    rank sets ``GNNPAR_SPMM=numba`` in itself and counts the compiled kernel's calls by
     dtype, to prove it served the products. ``cases``: (label, algo, dims, algo_kw);
     ``precisions``: "fp32" and/or "bf16" (the forward under bf16 autocast, as
     ``--precision bf16`` runs it). Returns, per (label, precision), the largest relative
@@ -164,13 +163,12 @@ def compiled_equivalence(rank, world, cases, n, kinds, precisions, force=True):
             count = float(rt_s.masks["train"].sum())
             serial[kind, precision] = (model, count, *step(model, rt_s, count, precision),
                                        curve(kind, rt_s, precision))
-    if env is None:
+    if force:
+        os.environ[cpu_spmm.ENV] = "numba"
+    elif env is None:
         del os.environ[cpu_spmm.ENV]
     else:
         os.environ[cpu_spmm.ENV] = env
-
-    if force:
-        cpu_spmm.MIN_WIDTH = cpu_spmm.MIN_WORK = 0
     calls = Counter()
     kernels = cpu_spmm._compiled()[1]  # cached: every later product looks its kernel up here
 

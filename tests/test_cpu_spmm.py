@@ -24,9 +24,8 @@ pytestmark = pytest.mark.skipif(not cpu_spmm.available(), reason="numba kernel n
 
 @pytest.fixture(autouse=True)
 def kernel_for_every_size(monkeypatch):
-    """The test matrices are small: serve them with the kernel, not torch (the size rule)."""
-    monkeypatch.setattr(cpu_spmm, "MIN_WIDTH", 0)
-    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 0)
+    """Every float32 and bf16 product on the kernel, whatever the size rule says."""
+    monkeypatch.setenv(cpu_spmm.ENV, "numba")
 
 
 def test_size_rule_sends_narrow_and_small_products_to_torch(monkeypatch):
@@ -38,20 +37,28 @@ def test_size_rule_sends_narrow_and_small_products_to_torch(monkeypatch):
         return numba, {k: (lambda *a, _k=k: calls.append(1) or kernels[_k](*a))
                        for k in kernels}
     monkeypatch.setattr(cpu_spmm, "_compiled", spy)
-    monkeypatch.setattr(cpu_spmm, "MIN_WIDTH", 32)
-    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 1000)
+    monkeypatch.setenv(cpu_spmm.ENV, "auto")
+    monkeypatch.setattr(cpu_spmm, "SIZE_RULE", {torch.bfloat16: (32, 1000)})
     A = _random_csr(50, 70, 0.3, 0)  # ~1050 entries
-    for f, kernel in ((16, False), (32, True), (64, True)):
+    for f, dtype, kernel in ((16, torch.bfloat16, False), (32, torch.bfloat16, True),
+                             (64, torch.bfloat16, True), (64, torch.float32, False)):
         calls.clear()
-        h = torch.randn(70, f)
+        h = torch.randn(70, f).to(dtype)
         z = csr_mm(A, h)
-        assert bool(calls) == kernel, f
+        assert bool(calls) == kernel, (f, dtype)
         # each path gives its own arithmetic's bits: the kernel's sequential sum, or torch's
-        assert torch.equal(z, sequential_mm(A, h) if kernel else torch.sparse.mm(A, h)), f
-    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 10 ** 9)
+        ref = sequential_mm(A, h) if kernel else torch.sparse.mm(A, h.float())
+        assert torch.equal(z, ref.to(dtype)), (f, dtype)
+    monkeypatch.setattr(cpu_spmm, "SIZE_RULE", {torch.bfloat16: (32, 10 ** 9)})
     calls.clear()
-    csr_mm(A, torch.randn(70, 64))
+    csr_mm(A, torch.randn(70, 64).bfloat16())
     assert not calls
+    monkeypatch.setenv(cpu_spmm.ENV, "numba")  # every size, float32 too
+    csr_mm(A, torch.randn(70, 4))
+    assert calls
+    monkeypatch.setenv(cpu_spmm.ENV, "nunba")
+    with pytest.raises(ValueError, match="GNNPAR_SPMM"):
+        csr_mm(A, torch.randn(70, 4))
 
 
 def _random_csr(n_dst, n_src, density, seed, empty_rows=()):
@@ -187,7 +194,7 @@ def test_bf16_int32_indices_and_non_contiguous_input():
 def _pool_size(rank, world):
     """The numba pool a spawned rank got, after a compiled parallel product started it."""
     import numba
-    cpu_spmm.MIN_WIDTH = cpu_spmm.MIN_WORK = 0  # this small product on the compiled kernel
+    os.environ[cpu_spmm.ENV] = "numba"  # this small product on the compiled kernel
     A = _random_csr(64, 64, 0.2, rank)
     csr_mm(A, torch.randn(64, 32))
     return numba.config.NUMBA_NUM_THREADS, numba.get_num_threads()
@@ -207,10 +214,11 @@ def test_a_compiled_product_keeps_torch_thread_count():
     count (it did: a one-thread rank then ran on every core). In a fresh process, whose
     pool is not started yet."""
     code = ("import torch\nfrom gnnpar.kernels import cpu_spmm\nfrom tests.test_cpu_spmm import "
-            "_random_csr\ncpu_spmm.MIN_WIDTH = cpu_spmm.MIN_WORK = 0\ntorch.set_num_threads(1)\n"
+            "_random_csr\ntorch.set_num_threads(1)\n"
             "cpu_spmm.csr_mm(_random_csr(64, 64, 0.2, 0), torch.randn(64, 32))\n"
             "print(torch.get_num_threads())\n")
-    env = dict(os.environ, NUMBA_NUM_THREADS="2")  # a pool bigger than the count asked for
+    # a pool bigger than the count asked for; the small product on the compiled kernel
+    env = dict(os.environ, NUMBA_NUM_THREADS="2", GNNPAR_SPMM="numba")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert res.returncode == 0, res.stderr[-2000:]

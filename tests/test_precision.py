@@ -103,13 +103,6 @@ MATRICES = list(_matrices())
 PATHS = ["numba", "torch"] if cpu_spmm.available() else ["torch"]
 
 
-@pytest.fixture
-def kernel_for_every_size(monkeypatch):
-    """The test matrices are small: serve them with the kernel, not torch (the size rule)."""
-    monkeypatch.setattr(cpu_spmm, "MIN_WIDTH", 0)
-    monkeypatch.setattr(cpu_spmm, "MIN_WORK", 0)
-
-
 def _fp32_product(path, A, h):
     """The float32 product as ``path`` computes it: the compiled kernel's sequential sum, or
     torch's own (MKL may fuse multiply and add: never an oracle for the kernel)."""
@@ -127,7 +120,7 @@ def _within_bf16(z, A, h):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,A", MATRICES, ids=[m[0] for m in MATRICES])
 @pytest.mark.parametrize("f", [1, 16, 130])
-def test_csr_mm_on_bf16_sums_in_fp32_and_rounds_once(monkeypatch, kernel_for_every_size, path,
+def test_csr_mm_on_bf16_sums_in_fp32_and_rounds_once(monkeypatch, path,
                                                      name, A, f):
     monkeypatch.setenv(cpu_spmm.ENV, path)
     h = torch.randn(A.shape[1], f, generator=torch.Generator().manual_seed(f))
@@ -147,7 +140,7 @@ def test_csr_mm_on_bf16_sums_in_fp32_and_rounds_once(monkeypatch, kernel_for_eve
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,A", MATRICES, ids=[m[0] for m in MATRICES])
-def test_operator_forward_and_backward_in_bf16(monkeypatch, kernel_for_every_size, path, name,
+def test_operator_forward_and_backward_in_bf16(monkeypatch, path, name,
                                                A):
     monkeypatch.setenv(cpu_spmm.ENV, path)
     crow, col, val = A.crow_indices(), A.col_indices(), A.values()

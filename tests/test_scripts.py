@@ -153,7 +153,7 @@ def test_bench_spmm_runs(tmp_path):
 
 def test_bench_spmm_size_rule_runs(tmp_path):
     """--size-rule: one row per (graph, width), each naming the faster side and the rule's
-    pick, then the best swept (MIN_WIDTH, MIN_WORK)."""
+    pick, then the best swept (min_width, min_work) per dtype."""
     import sys
     res = subprocess.run([sys.executable, "scripts/bench_spmm.py", "--size-rule",
                           "--rule-graphs", "rmat:scale=8,ef=4", "--rule-widths", "1,32",
