@@ -27,13 +27,13 @@ Prints one table per part and a final JSON line with every number.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import tempfile
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 import torch
@@ -124,18 +124,10 @@ def throughput(graph, topo, args) -> list:
     return rows
 
 
-@contextlib.contextmanager
 def _kernels(kind: str):
-    """Run the samplers' compiled kernels (``numba``) or their numpy reference (``numpy``)."""
-    old = os.environ.get(fast.ENV)
-    os.environ[fast.ENV] = kind
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[fast.ENV]
-        else:
-            os.environ[fast.ENV] = old
+    """Run the samplers' compiled kernels (``numba``) or their numpy reference (``numpy``)
+    in a ``with`` block."""
+    return mock.patch.dict(os.environ, {fast.ENV: kind})
 
 
 # ---------------------------------------------------------------- 2. feature bytes

@@ -52,13 +52,13 @@ a fresh-output ``torch.sparse.mm``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -91,18 +91,9 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-@contextlib.contextmanager
 def spmm_mode(mode: str):
-    """``GNNPAR_SPMM`` set to ``mode`` for the block."""
-    old = os.environ.get(cpu_spmm.ENV)
-    os.environ[cpu_spmm.ENV] = mode
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[cpu_spmm.ENV]
-        else:
-            os.environ[cpu_spmm.ENV] = old
+    """``GNNPAR_SPMM`` set to ``mode`` for a ``with`` block."""
+    return mock.patch.dict(os.environ, {cpu_spmm.ENV: mode})
 
 
 def compiled_mm(A, h, out):

@@ -24,8 +24,6 @@ import sys
 import numpy as np
 import pytest
 
-import gnnpar.launch
-import gnnpar.partition_cli
 from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import MAX_BYTES_ENV, machine_memory
 from gnnpar.datasets.readers import read_ogb
