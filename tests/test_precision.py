@@ -45,8 +45,8 @@ BF16_EPS = 2.0 ** -8  # bf16 keeps 8 significant bits: relative rounding error â
 # ---------------------------------------------------------------- accuracy
 
 
-def _test_acc(g, precision, epochs, dropout=0.5, lr=0.01):
-    torch.manual_seed(0)
+def _test_acc(g, precision, epochs, dropout=0.5, lr=0.01, seed=0):
+    torch.manual_seed(seed)
     model = build_model("gcn", g.num_features, 64, g.num_classes, 2, dropout)
     rt = SerialRuntime(g, model.norm, torch.device("cpu"))
     cfg = TrainConfig(epochs=epochs, lr=lr, precision=precision)
@@ -71,14 +71,20 @@ def test_bf16_accuracy_on_the_default_sbm_within_half_a_point():
 
 
 def test_bf16_accuracy_on_rmat_within_half_a_point():
-    # scale 14: 3277 test nodes, so half a point is 16 nodes. Trained to its plateau (no
-    # dropout, lr 0.05: about 0.98), where rounding cannot move many nodes; measured over
-    # seeds 0-1: +0.24, -0.09 points (at scale 13: -0.67, +0.24, +0.18; with dropout 0.5 and
-    # lr 0.01 the models were still learning at 200 epochs and differed by up to 2 points)
+    """The mean over model seeds 0-3 of bf16's test accuracy minus fp32's is within half a
+    point. scale 14: 3277 test nodes, so half a point is 16 nodes. Trained to its plateau (no
+    dropout, lr 0.05: about 0.98). One seed's difference spreads by most of a point either
+    way, and with the CPU's arithmetic (MKL with or without FMA changes the fp32 and bf16
+    trajectories alike), so a single seed would make the test a coin flip near its bound;
+    ``docs/performance.md`` has the per-seed figures."""
     g = _structural_labels(load_dataset("rmat:scale=14,ef=8,feat=32,classes=4,seed=0"), 4, 0)
-    fp32, bf16 = (_test_acc(g, p, 150, dropout=0.0, lr=0.05) for p in ("fp32", "bf16"))
-    assert fp32 > 0.9  # 4 classes: chance is about 0.25
-    assert abs(bf16 - fp32) <= 0.005, (fp32, bf16)
+    diffs = []
+    for seed in range(4):
+        fp32, bf16 = (_test_acc(g, p, 150, dropout=0.0, lr=0.05, seed=seed)
+                      for p in ("fp32", "bf16"))
+        assert fp32 > 0.9, seed  # 4 classes: chance is about 0.25
+        diffs.append(bf16 - fp32)
+    assert abs(float(np.mean(diffs))) <= 0.005, diffs
 
 
 # ---------------------------------------------------------------- the product
