@@ -26,6 +26,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 import warnings
 from typing import Any, Callable, Mapping, Optional, Tuple
 
@@ -194,7 +195,12 @@ def refuse_claimed(flag: str, path: str, include_self: bool = False) -> None:
 
 # ---------------------------------------------------------------- one writer at a time
 class FolderBusy(InputError):
-    """Another live process holds the lock of a gnnpar folder (exit 2, the holder named)."""
+    """Another live process holds the lock of a gnnpar folder (exit 2, the holder named);
+    ``holder``: "pid N[ on HOST]" or "pid unknown"."""
+
+    def __init__(self, message: str, holder: str = "pid unknown"):
+        super().__init__(message)
+        self.holder = holder
 
 
 class LockWarning(UserWarning):
@@ -223,7 +229,8 @@ class FolderLock:
                 holder = self._holder()
                 if not wait:
                     raise FolderBusy(f"{what} {folder} is in use by another run ({holder}); "
-                                     "wait for it to finish or give another folder") from None
+                                     "wait for it to finish or give another folder",
+                                     holder) from None
                 if notice is not None:
                     notice(holder)
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
@@ -241,14 +248,19 @@ class FolderLock:
         os.pwrite(self.fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
 
     def _holder(self) -> str:
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                pid, _, host = fh.read(200).strip().partition(" ")
-        except OSError:
-            return "pid unknown"
-        if not pid.isdigit():
-            return "pid unknown"
-        return f"pid {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
+        """The holder as written in the lock file. A holder writes its pid just after it
+        locks, so an empty file is read again for up to half a second."""
+        for _ in range(50):
+            try:
+                with open(self.path, encoding="utf-8", errors="replace") as fh:
+                    pid, _, host = fh.read(200).strip().partition(" ")
+            except OSError:
+                return "pid unknown"
+            if pid.isdigit():
+                return f"pid {pid}" + (f" on {host}" if host and host != socket.gethostname()
+                                       else "")
+            time.sleep(0.01)
+        return "pid unknown"
 
     @property
     def held(self) -> bool:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import sys
-import time
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -80,23 +78,16 @@ class LogLock:
         if not path or (os.path.exists(path) and not os.path.isfile(path)):
             return
         folder = lock_folder(path)
-        holder = None
-        for _ in range(50):  # a holder that has just locked writes its pid a moment later
-            try:
-                os.makedirs(folder, exist_ok=True)
-                self.lock = FolderLock(folder, "--log-json")
-                return
-            except FolderBusy as e:
-                found = re.search(r"\((pid [^)]*)\)", str(e))
-                holder = found.group(1) if found else "pid unknown"
-                if holder != "pid unknown":
-                    break
-                time.sleep(0.01)
-            except OSError as e:
-                raise InputError(f"--log-json {path}: cannot lock it ({e.strerror or e}: "
-                                 f"{e.filename or folder})") from None
-        raise InputError(f"--log-json {path} is being written by another run ({holder}); "
-                         "wait for it to finish or give another path")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            self.lock = FolderLock(folder, "--log-json")
+        except FolderBusy as e:
+            raise InputError(f"--log-json {path} is being written by another run "
+                             f"({e.holder}); wait for it to finish or give another path"
+                             ) from None
+        except OSError as e:
+            raise InputError(f"--log-json {path}: cannot lock it ({e.strerror or e}: "
+                             f"{e.filename or folder})") from None
 
     def release(self) -> None:
         if self.lock is not None:

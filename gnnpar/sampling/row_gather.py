@@ -169,15 +169,16 @@ class OutputPool:
         (so a free buffer is not evicted for a need that another one could serve). An empty
         need gets an empty tensor, not a buffer."""
         f, taken = like.shape[1], set()
+        needs = [_nbytes(like, n) for n in sizes]
         slots = []
-        for n in sizes:
-            i = self._free(_nbytes(like, n), taken) if _nbytes(like, n) else None
+        for need in needs:
+            i = self._free(need, taken) if need else None
             if i is not None:
                 taken.add(i)
             slots.append(i)
         out = []
-        for n, i in zip(sizes, slots):
-            if i is None and _nbytes(like, n):
+        for n, need, i in zip(sizes, needs, slots):
+            if i is None and need:
                 i = self._slot(taken)
                 if i is not None:
                     # an eighth more for the next needs
