@@ -65,6 +65,7 @@ class Bound:
 #: argparse name (a flag means the same in every tool that has it)
 BOUNDS = {
     "threads": Bound(1, MAX_THREADS, "threads of one process"),
+    "jobs": Bound(1, MAX_THREADS, "processes of one machine"),
     "seed": Bound(0, MAX_SEED, "the range every random generator accepts"),
     "hidden": Bound(1, MAX_WIDTH, "features of a layer"),
     "feat_width": Bound(1, MAX_WIDTH, "features of a layer"),

@@ -6,6 +6,14 @@ Examples::
     gnnpar-partition --dataset sbm:n=20000,blocks=8,p_in=0.0005,p_out=0.00002 --parts 8 --report --json
     gnnpar-partition --dataset npz:graph.npz --parts 4 --grid 2x2 --report
 
+Memory stays bounded by the structure, not the graph: the dataset is read memory-mapped (from
+``--cache-dir`` or ``cache:DIR``), only the partitioner's input is built (KaMinPar's in a
+temporary file), and the shards are written by passes over the structure and row blocks of the
+features (``partitioners/shard_build.py``, ``partitioners/node_stream.py``) over ``--jobs``
+processes. At the end each phase's seconds and the peak resident memory are printed (stdout; in
+the object ``--json`` prints: ``phases``, ``peak_rss_bytes``, ``peak_rss_jobs_bytes``,
+``partition_call_s``).
+
 Without ``--out`` nothing is written (use it with ``--report``). ``--out`` must be new, empty,
 or a folder gnnpar wrote shards into (anything else in it is refused with exit 2, nothing
 touched), and must not lie inside another gnnpar folder; a rewrite removes only gnnpar's own
@@ -20,14 +28,16 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import sys
 import time
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.owned import refuse_claimed
-from gnnpar.datasets.normalize import union_structure
 from gnnpar.partitioners import (DEFAULT_BALANCE, METHODS, GridSpec, format_report, partition_graph, report,
                                  write_shards)
+from gnnpar.partitioners.part_pool import default_jobs
+from gnnpar.partitioners.shard_build import ShardBuilder
 from gnnpar.partitioners.shard_folder import check_shard_disk, shard_writer
 from gnnpar.partitioners.shards import dataset_source
 
@@ -50,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantity to balance: vertices, or row non-zeros with each row weighted "
                         "too (default: edges for metis/kaminpar, nodes for block)")
     p.add_argument("--seed", type=int, default=0, help="partitioner seed (default: 0)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="KaMinPar's threads (default: every core this process may use; KaMinPar's "
+                        "partition then varies from run to run: give 1 for one repeatable from --seed)")
+    p.add_argument("--jobs", type=int, default=None, metavar="J",
+                   help="processes building the shards' rows, J parts at a time (default: every "
+                        "core this process may use)")
     p.add_argument("--imbalance", type=float, default=0.03,
                    help="allowed imbalance of metis/kaminpar, fraction of the mean (default: 0.03)")
     p.add_argument("--out", default=None, metavar="DIR",
@@ -95,24 +111,59 @@ def run(args) -> int:
                              "shard folder holds only shards: give another cache folder")
         source = dataset_source(args.dataset, args.directed)  # before loading: what is read
         check_shard_disk(args.out, args.parts, len(norms), what="--out")  # the parts² alone
+    phases = {}
     # held from before the load until meta.json is written, the folder checked under it (a
     # folder with anything but gnnpar shards is refused); a second writer exits 2 at once
     with shard_writer(args.out, "--out") if args.out else contextlib.nullcontext():
-        graph, part, part_s = _partition(args, say)
+        graph, part = _partition(args, say, phases)
+        builder = None
         if args.out:
+            t0 = time.perf_counter()
             check_shard_disk(args.out, args.parts, len(norms), graph, "--out")  # and the graph
+            builder = ShardBuilder(graph, part, norms, jobs=_jobs(args), progress=say)
             write_shards(graph, part, args.out, norms=norms, progress=say, source=source,
-                         what="--out")
+                         what="--out", builder=builder)
+            phases["shards"] = time.perf_counter() - t0
+    rep = {}
     if args.report:
+        t0 = time.perf_counter()
         say("computing the quality report")
+        if builder is None and grid is None:
+            builder = ShardBuilder(graph, part, norms, jobs=_jobs(args), progress=say)
         rep = report(graph, part, feat_width=args.feat_width, grid=grid,
-                     structure=union_structure(graph))
-        rep["partition_s"] = part_s
-        if args.json:
-            print(json.dumps(rep))
-        else:
+                     counts=builder.quality_counts() if builder is not None else None)
+        phases["report"] = time.perf_counter() - t0
+    rep.update(_figures(phases, part))
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        if args.report:
             print(format_report(rep))
+        print(_format_figures(rep))
     return 0
+
+
+def _jobs(args) -> int:
+    return args.jobs if args.jobs is not None else default_jobs()
+
+
+def _figures(phases: dict, part) -> dict:
+    """Each phase's seconds, the partitioner's own call and the peak resident memory of this
+    process and of the largest forked job (Linux reports KiB)."""
+    unit = 1 if sys.platform == "darwin" else 1024
+    return {"phases": {k: round(v, 3) for k, v in phases.items()},
+            "partition_s": round(phases.get("partition", 0.0), 3),
+            "partition_call_s": round(part.info.get("call_s", phases.get("partition", 0.0)), 3),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit,
+            "peak_rss_jobs_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * unit}
+
+
+def _format_figures(rep: dict) -> str:
+    gib = float(1 << 30)
+    times = ", ".join(f"{k} {v:.1f} s" for k, v in rep["phases"].items())
+    return (f"phases: {times} (total {sum(rep['phases'].values()):.1f} s; the partitioner's own "
+            f"call {rep['partition_call_s']:.1f} s); peak resident memory "
+            f"{rep['peak_rss_bytes'] / gib:.2f} GiB (largest job {rep['peak_rss_jobs_bytes'] / gib:.2f} GiB)")
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -120,20 +171,23 @@ def _inside(path: str, folder: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
-def _partition(args, say):
-    """The dataset, its partition and the seconds partitioning took."""
+def _partition(args, say, phases: dict):
+    """The dataset and its partition; each step's seconds into ``phases``."""
     say(f"loading {args.dataset}")
     t0 = time.perf_counter()
     graph = load_dataset(args.dataset, directed=args.directed, cache_dir=args.cache_dir)
-    say(f"{graph.summary()} ({time.perf_counter() - t0:.1f} s)")
+    phases["load"] = time.perf_counter() - t0
+    say(f"{graph.summary()} ({phases['load']:.1f} s)")
+    threads = args.threads if args.threads is not None else default_jobs()
     say(f"partitioning into {args.parts} parts with {args.method} "
-        f"(balance {args.balance or DEFAULT_BALANCE[args.method]})")
+        f"(balance {args.balance or DEFAULT_BALANCE[args.method]}"
+        f"{f', {threads} threads' if args.method == 'kaminpar' else ''})")
     t0 = time.perf_counter()
     part = partition_graph(graph, args.parts, args.method, seed=args.seed, balance=args.balance,
-                           imbalance=args.imbalance)
-    part_s = time.perf_counter() - t0
-    say(f"partitioned in {part_s:.1f} s")
-    return graph, part, part_s
+                           imbalance=args.imbalance, threads=threads)
+    phases["partition"] = time.perf_counter() - t0
+    say(f"partitioned in {phases['partition']:.1f} s")
+    return graph, part
 
 
 def main(argv=None) -> int:

@@ -37,9 +37,10 @@ DEFAULT_BALANCE = {"block": "nodes", "random": "nodes", "metis": "edges", "kamin
 
 
 def partition_graph(graph: Graph, parts: int, method: str = "metis", seed: int = 0,
-                    balance: str = None, imbalance: float = 0.03) -> Partition:
+                    balance: str = None, imbalance: float = 0.03, threads: int = 1) -> Partition:
     """Partition ``graph``'s vertices into ``parts`` parts with ``method``; validated result.
-    ``balance=None``: the method's default (:data:`DEFAULT_BALANCE`)."""
+    ``balance=None``: the method's default (:data:`DEFAULT_BALANCE`). ``threads``: KaMinPar's
+    (one keeps it deterministic per seed; the other methods run on one core)."""
     parts = check_parts(parts)
     if balance is None:
         balance = DEFAULT_BALANCE.get(method, "nodes")
@@ -52,7 +53,7 @@ def partition_graph(graph: Graph, parts: int, method: str = "metis", seed: int =
     elif method == "metis":
         part = metis_partition(graph, parts, seed, balance, imbalance)
     elif method == "kaminpar":
-        part = kaminpar_partition(graph, parts, seed, balance, imbalance)
+        part = kaminpar_partition(graph, parts, seed, balance, imbalance, threads)
     else:
         raise InputError(f"unknown partition method {method!r}; choose one of {', '.join(METHODS)}")
     return part.validate(graph.num_nodes)

@@ -49,27 +49,39 @@ def _ratio(values: np.ndarray) -> float:
     return float(values.max() / mean) if mean > 0 else 1.0
 
 
+def structure_counts(indptr, indices, owner: np.ndarray, parts: int) -> dict:
+    """What the report needs from a whole S: non-zeros, cut entries, non-zeros and halo of each
+    part, off-diagonal non-zeros (``ShardBuilder.quality_counts`` gives the same without S)."""
+    n = owner.shape[0]
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    cross = owner[rows] != owner[indices]
+    return {"nnz": int(indices.shape[0]), "edge_cut": int(np.count_nonzero(cross)),
+            "part_nnz": np.bincount(owner[rows], minlength=parts).astype(np.int64),
+            "halo": halo_counts(indptr, indices, owner, parts),
+            "off_diagonal": int(np.count_nonzero(rows != indices))}
+
+
 def report(graph: Graph, partition: Partition, feat_width: int = 128, grid=None,
-           structure=None) -> dict:
+           structure=None, counts=None) -> dict:
     """Quality figures of ``partition`` on ``graph`` (see module docstring); JSON-ready dict.
 
-    ``grid`` (a :class:`GridSpec`, or dims like ``(2, 3)``) adds non-zeros per grid rank.
-    ``structure`` lets a caller pass an already built ``union_structure(graph)``.
+    ``counts`` (:func:`structure_counts`, or ``ShardBuilder.quality_counts()`` made without
+    S) spares building S; ``structure`` passes an already built ``union_structure(graph)``.
+    ``grid`` (a :class:`GridSpec`, or dims like ``(2, 3)``) adds non-zeros per grid rank, which
+    needs S whole.
     """
-    indptr, indices, _ = structure if structure is not None else union_structure(graph)
-    n, P = graph.num_nodes, partition.num_parts
-    owner = partition.owner
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    off_diag = rows != indices
-    cross = owner[rows] != owner[indices]
-    cut = int(np.count_nonzero(cross))
-    off = int(np.count_nonzero(off_diag))
-    part_nnz = np.bincount(owner[rows], minlength=P).astype(np.int64)
-    halo = halo_counts(indptr, indices, owner, P)
+    P = partition.num_parts
+    if counts is None or grid is not None:
+        structure = structure if structure is not None else union_structure(graph)
+    if counts is None:
+        counts = structure_counts(structure[0], structure[1], partition.owner, P)
+    n = graph.num_nodes
+    cut, off, part_nnz, halo = (counts["edge_cut"], counts["off_diagonal"], counts["part_nnz"],
+                                counts["halo"])
     f = int(feat_width)
     out = {
         "method": partition.method, "seed": partition.seed, "parts": P, "n": n,
-        "nnz": int(indices.shape[0]), "edge_cut": cut,
+        "nnz": int(counts["nnz"]), "edge_cut": cut,
         "edge_cut_fraction": cut / off if off else 0.0,
         "vertex_balance": _ratio(partition.sizes.astype(np.float64)),
         "edge_balance": _ratio(part_nnz.astype(np.float64)),
@@ -87,7 +99,7 @@ def report(graph: Graph, partition: Partition, feat_width: int = 128, grid=None,
     if grid is not None:
         spec = grid if isinstance(grid, GridSpec) else GridSpec(tuple(grid))
         out["grid"] = spec.text
-        out["grid_nnz"] = nnz_balance(indptr, indices, spec, partition)
+        out["grid_nnz"] = nnz_balance(structure[0], structure[1], spec, partition)
     return out
 
 

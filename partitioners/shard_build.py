@@ -1,10 +1,22 @@
 """One rank's shard in memory: the arrays :mod:`shards` writes and loads, built from a graph.
 
-:class:`ShardBuilder` computes everything global once (the union structure S = A' + I, its values
-for each norm on the *whole* graph, its transpose, each vertex's local id) and then cuts any
-rank's shard from it, reading only that rank's rows (and, for send lists, its columns). The disk
-writer and :func:`build_shard` both go through :meth:`ShardBuilder.build`, so an in-memory shard
-and a loaded one are array-for-array equal.
+:class:`ShardBuilder` makes three passes over the graph's CSR (``partitioners/shard_kernels.py``)
+in O(n) memory, never holding S = A' + I, its values or its transpose:
+
+1. the degree pass: each vertex's normalisation sums, so each value of Â is computed from its
+   row and column alone, the same bits as ``datasets/normalize.values_for`` on the whole S;
+2. the halo pass, part by part: each part's halo (the columns its rows read from other parts),
+   sorted by owner rank then id, its cut entries and its non-zeros. Send lists come from the
+   other parts' halos (what q reads from r is q's halo segment owned by r): no transpose;
+3. :meth:`ShardBuilder.structure`, one part at a time: its rows with local columns, values, raw
+   weights and ``orig_edge``.
+
+Passes 2 and 3 may run in several forked processes (``jobs``, ``partitioners/part_pool.py``),
+each reading the same (memory-mapped) graph. Node data is gathered by :meth:`ShardBuilder.build`
+for in-memory use; the disk writer streams ``x`` in row blocks instead (``shards.write_shards``).
+The disk writer and :func:`build_shard` both go through :meth:`ShardBuilder.structure`, so an
+in-memory shard and a loaded one are array-for-array equal; ``tests/test_shard_stream.py`` holds
+them to a reference that builds S whole (``tests/shard_reference.py``).
 
 Shapes for rank r with ``n_local`` owned vertices, ``n_halo`` halo vertices, ``nnz`` non-zeros:
 
@@ -22,15 +34,24 @@ Shapes for rank r with ``n_local`` owned vertices, ``n_halo`` halo vertices, ``n
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gnnpar.datasets import Graph, InputError
-from gnnpar.datasets.normalize import KINDS, union_structure, values_for
+from gnnpar.datasets.normalize import KINDS
 
-from .csr_rows import gather_rows, sorted_csr
+from .csr_rows import is_canonical
+from .part_pool import map_parts
 from .partition import Partition
+
+def kernels():
+    """The compiled row passes (``shard_kernels``), imported on first use: importing numba
+    takes most of a second that a run loading finished shards need not pay."""
+    from . import shard_kernels
+    return shard_kernels
+
 
 NODE_ARRAYS = ("x", "y", "train_mask", "val_mask", "test_mask")
 
@@ -110,83 +131,152 @@ def check_norms(norms) -> tuple:
 
 
 class ShardBuilder:
-    """Global precomputation once; :meth:`build` cuts one rank's :class:`Shard`."""
+    """Global O(n) precomputation over ``graph``'s CSR (see module docstring); :meth:`build` and
+    :meth:`structure` cut one rank's shard."""
 
-    def __init__(self, graph: Graph, partition: Partition, norms=("gcn", "mean")):
+    def __init__(self, graph: Graph, partition: Partition, norms=("gcn", "mean"), jobs: int = 1,
+                 progress=None):
         partition.validate(graph.num_nodes)
         self.graph, self.partition = graph, partition
         self.norms = check_norms(norms)
+        self.jobs = max(1, int(jobs))
+        say = progress or (lambda msg: None)
         n = graph.num_nodes
-        self.indptr, self.indices, raw = union_structure(graph)
-        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.indptr))
-        self.values = {k: values_for(k, self.indptr, self.indices, raw) for k in self.norms}
-        wide = graph.edge_weight is not None and np.asarray(graph.edge_weight).dtype == np.float64
-        self.raw = raw.astype(np.float64 if wide else np.float32)
-        is_loop = rows == self.indices
-        has_loop = np.zeros(n, bool)
-        src, dst = graph.edges()
-        has_loop[src[src == dst]] = True
-        self.orig = ~is_loop | has_loop[rows]
-        del rows, is_loop, raw
-        # columns of S: which rows read each vertex (for the send lists)
-        import scipy.sparse as sp
-        csc = sp.csr_matrix((np.ones(self.indices.shape[0], np.int8), self.indices, self.indptr),
-                            shape=(n, n)).tocsc()
-        self.t_indptr, self.t_rows = csc.indptr.astype(np.int64), csc.indices.astype(np.int64)
-        del csc
+        self.indptr = np.asarray(graph.indptr)
+        self.indices = np.asarray(graph.indices)
+        ew = graph.edge_weight
+        self.weighted = ew is not None
+        self.weight = np.asarray(ew) if self.weighted else np.zeros(1, np.float64)
+        wide = self.weighted and self.weight.dtype == np.float64
+        self.raw_dtype = np.float64 if wide else np.float32
+        self.canonical = is_canonical(self.indptr, self.indices)
+        deg = np.diff(self.indptr)
+        self.scratch_len = int(deg.max()) + 1 if n else 1
+        del deg
+        t0 = time.perf_counter()
+        self._degrees()
+        say(f"normalisation sums of {n:,} vertices ({time.perf_counter() - t0:.1f} s)")
         self.owner = partition.owner
         self.local_id = partition.local_index()
+        t0 = time.perf_counter()
+        self._halos()
+        say(f"halos of {self.parts} parts: {int(sum(h.size for h in self.halo_ids)):,} rows "
+            f"({time.perf_counter() - t0:.1f} s)")
 
+    # ---------------------------------------------------------------- global passes
     @property
     def parts(self) -> int:
         return self.partition.num_parts
 
-    def _rows(self, rank: int, owned: np.ndarray):
-        """r's rows of S renumbered local + halo; the halo and its per-owner counts."""
-        n, P = self.graph.num_nodes, self.parts
-        entry, local_row, _ = gather_rows(self.indptr, owned)
-        cols = self.indices[entry]
-        col_owner = self.owner[cols].astype(np.int64)
-        remote = col_owner != rank
-        # key sorts the halo by owner rank, then global id
-        key = col_owner[remote] * n + cols[remote]
-        halo_key = np.unique(key)
-        halo_ids = halo_key % max(n, 1)
-        recv_counts = np.bincount(halo_key // max(n, 1), minlength=P).astype(np.int64)
-        local_col = np.empty(cols.shape[0], np.int64)
-        local_col[~remote] = self.local_id[cols[~remote]]
-        local_col[remote] = owned.shape[0] + np.searchsorted(halo_key, key)
-        order, indptr = sorted_csr(local_row, local_col, owned.shape[0])
-        return entry[order], indptr, local_col[order], halo_ids, recv_counts
+    def _scratch(self):
+        m = self.scratch_len
+        return (np.empty(m, np.int64), np.empty(m, np.float64), np.empty(m, np.int64),
+                np.empty(m, np.float64))
 
-    def _sends(self, rank: int, owned: np.ndarray):
-        """Local ids each other rank reads from r, grouped by destination, ascending inside."""
-        P, n_local = self.parts, owned.shape[0]
-        t_entry, local_v, _ = gather_rows(self.t_indptr, owned)
-        dest = self.owner[self.t_rows[t_entry]].astype(np.int64)
-        remote = dest != rank
-        key = np.unique(dest[remote] * max(n_local, 1) + local_v[remote])
-        dest_sorted, send_local = np.divmod(key, max(n_local, 1))
-        return send_local.astype(np.int64), np.bincount(dest_sorted, minlength=P).astype(np.int64)
+    def _degrees(self) -> None:
+        n = self.graph.num_nodes
+        rowsum_gcn, colsum_gcn, rowsum_raw = np.zeros(n), np.zeros(n), np.zeros(n)
+        self.has_loop = np.zeros(n, np.bool_)
+        first_neg = np.zeros((2, 4), np.float64)
+        self.nnz_total = int(kernels().degree_pass(
+            self.indptr, self.indices, self.weight, self.weighted, self.canonical,
+            self._scratch(), rowsum_gcn, colsum_gcn, rowsum_raw, self.has_loop, first_neg))
+        why = {"gcn": (0, "D^-1/2 (A+I) D^-1/2 takes each weighted degree's square root"),
+               "mean": (1, "D^-1 A divides by each weighted degree")}
+        for kind in self.norms:
+            if kind in why and first_neg[why[kind][0], 0]:
+                count, row, col, value = first_neg[why[kind][0]]
+                raise InputError(f"the {kind} normalisation needs edge weights >= 0 "
+                                 f"({why[kind][1]}); {int(count):,} edge(s) have a negative "
+                                 f"weight, the first {int(col)} -> {int(row)} ({value:g}); only "
+                                 "'sum' aggregation takes negative weights")
+        # the divisions of datasets/normalize.values_for, on the same sums
+        self.rinv = np.divide(1.0, np.sqrt(rowsum_gcn), out=np.zeros(n), where=rowsum_gcn > 0)
+        self.cinv = np.divide(1.0, np.sqrt(colsum_gcn), out=np.zeros(n), where=colsum_gcn > 0)
+        self.inv = np.divide(1.0, rowsum_raw, out=np.zeros(n), where=rowsum_raw != 0)
+
+    def _halos(self) -> None:
+        results = map_parts(self, ShardBuilder.halo_of, range(self.parts), self.jobs,
+                            before_fork=kernels)
+        self.halo_ids = [r[0] for r in results]
+        self.recv_counts = [r[1] for r in results]
+        self.cut = np.array([r[2] for r in results], np.int64)
+        self.part_nnz = np.array([r[3] for r in results], np.int64)
+
+    def halo_of(self, rank: int):
+        """(halo ids by owner then id, recv counts, cut entries, non-zeros) of one part."""
+        n = self.graph.num_nodes
+        seen = np.full(n, -1, np.int32)
+        buf = np.empty(max(n, 1), np.int64)
+        h, cut, nnz = kernels().halo_pass(
+            self.indptr, self.indices, self.weight, self.weighted, self.canonical,
+            self._scratch(), self.partition.vertices(rank), self.owner, rank, seen, buf)
+        found = buf[:h]
+        key = np.sort(self.owner[found].astype(np.int64) * max(n, 1) + found)
+        halo = key % max(n, 1)
+        recv = np.bincount(key // max(n, 1), minlength=self.parts).astype(np.int64)
+        return halo, recv, int(cut), int(nnz)
+
+    # ---------------------------------------------------------------- one part
+    def sends(self, rank: int):
+        """(send_local, send_counts): the local ids each other part reads from ``rank``,
+        grouped by destination, ascending inside a group (the receiver's halo order)."""
+        groups, counts = [], np.zeros(self.parts, np.int64)
+        for q in range(self.parts):
+            if q == rank:
+                continue
+            off = np.concatenate([[0], np.cumsum(self.recv_counts[q])])
+            ids = self.halo_ids[q][off[rank]:off[rank + 1]]
+            groups.append(self.local_id[ids])
+            counts[q] = ids.size
+        send = np.concatenate(groups).astype(np.int64) if groups else np.zeros(0, np.int64)
+        return send, counts
+
+    def structure(self, rank: int) -> dict:
+        """Part ``rank``'s S rows and exchange lists, named as ``Shard``'s fields."""
+        if not 0 <= rank < self.parts:
+            raise InputError(f"rank {rank} is outside [0, {self.parts}) for a partition into "
+                             f"{self.parts} parts")
+        owned = self.partition.vertices(rank)
+        n_local, nnz = owned.shape[0], int(self.part_nnz[rank])
+        halo = self.halo_ids[rank]
+        halo_pos = np.zeros(max(self.graph.num_nodes, 1), np.int64)
+        halo_pos[halo] = n_local + np.arange(halo.size, dtype=np.int64)
+        indptr = np.zeros(n_local + 1, np.int64)
+        cols, raw = np.empty(nnz, np.int64), np.empty(nnz, np.float64)
+        orig = np.empty(nnz, np.bool_)
+        gcn, mean = np.empty(nnz, np.float32), np.empty(nnz, np.float32)
+        kernels().rows_pass(self.indptr, self.indices, self.weight, self.weighted,
+                            self.canonical, self._scratch(), owned, self.owner, rank,
+                            self.local_id, halo_pos, self.rinv, self.cinv, self.inv, indptr, cols,
+                            raw, orig, gcn, mean)
+        del halo_pos
+        made = {"gcn": gcn, "mean": mean}
+        values = {k: made[k] if k in made else raw.astype(np.float32) for k in self.norms}
+        send_local, send_counts = self.sends(rank)
+        return {"global_ids": owned.astype(np.int64), "indptr": indptr, "indices": cols,
+                "values": values, "raw_weight": raw.astype(self.raw_dtype), "orig_edge": orig,
+                "halo_ids": halo.astype(np.int64), "recv_counts": self.recv_counts[rank],
+                "send_counts": send_counts, "send_local": send_local}
+
+    def shard_meta(self) -> dict:
+        p = self.partition
+        return {"method": p.method, "seed": p.seed, "parts": self.parts, "norms": list(self.norms)}
 
     def build(self, rank: int) -> Shard:
-        P = self.parts
-        if not 0 <= rank < P:
-            raise InputError(f"rank {rank} is outside [0, {P}) for a partition into {P} parts")
+        """Rank ``rank``'s :class:`Shard` in memory (node rows gathered from the graph)."""
         g = self.graph
-        owned = self.partition.vertices(rank)
-        entry, indptr, indices, halo_ids, recv_counts = self._rows(rank, owned)
-        send_local, send_counts = self._sends(rank, owned)
+        arrays = self.structure(rank)
+        owned = arrays["global_ids"]
         node = {name: np.asarray(getattr(g, name))[owned] for name in NODE_ARRAYS}
-        return Shard(
-            rank=rank, world_size=P, n_global=g.num_nodes, num_classes=int(g.num_classes),
-            global_ids=owned.astype(np.int64), indptr=indptr, indices=indices,
-            values={k: v[entry] for k, v in self.values.items()}, raw_weight=self.raw[entry],
-            orig_edge=self.orig[entry], halo_ids=halo_ids.astype(np.int64),
-            recv_counts=recv_counts, send_counts=send_counts, send_local=send_local,
-            meta={"method": self.partition.method, "seed": self.partition.seed,
-                  "parts": P, "norms": list(self.norms)},
-            **node)
+        return Shard(rank=rank, world_size=self.parts, n_global=g.num_nodes,
+                     num_classes=int(g.num_classes), meta=self.shard_meta(), **arrays, **node)
+
+    def quality_counts(self) -> dict:
+        """What the quality report needs from S, from the passes already made."""
+        return {"nnz": self.nnz_total, "edge_cut": int(self.cut.sum()), "part_nnz": self.part_nnz,
+                "halo": np.array([h.size for h in self.halo_ids], np.int64),
+                "off_diagonal": self.nnz_total - self.graph.num_nodes}
 
 
 def build_shard(graph: Graph, partition: Partition, rank: int, norms=("gcn", "mean")) -> Shard:

@@ -60,27 +60,24 @@ import numpy as np
 
 from gnnpar.datasets import Graph, InputError
 
-from .csr_rows import is_canonical
 from .partition import Partition
-from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards  # noqa: F401
+from .node_stream import release, write_node_arrays
+from .part_pool import map_parts
+from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards, kernels  # noqa: F401
 from .shard_check import validate_shard
 from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
                            TMP_FILE_RE, check_shard_folder, claim_shard_folder,  # noqa: F401
                            dataset_source)
 
 FORMAT_VERSION = 1
+#: a part's structure files besides its ``values_<norm>.npy``
+STRUCTURE_ARRAYS = ("global_ids", "indptr", "indices", "raw_weight", "orig_edge", "halo_ids",
+                    "recv_counts", "send_counts", "send_local")
 _REL_RE = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.npy$")  # a file a manifest may name
 
 
 def part_dir(out_dir: str, rank: int) -> str:
     return os.path.join(out_dir, f"part-{rank:05d}")
-
-
-def _save(folder: str, rel: str, arr, files: dict) -> None:
-    path = os.path.join(folder, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    np.save(path, np.ascontiguousarray(arr))
-    files[rel] = os.path.getsize(path)
 
 
 def _write_json_atomic(path: str, obj: dict) -> None:
@@ -101,47 +98,56 @@ def _move_into_place(tmp: str, final: str) -> None:
         os.rename(tmp, final)
 
 
-def _shard_files(shard: Shard) -> dict:
-    """relative path -> array of one shard, as written to disk."""
-    files = {"global_ids.npy": shard.global_ids, "indptr.npy": shard.indptr,
-             "indices.npy": shard.indices, "raw_weight.npy": shard.raw_weight,
-             "orig_edge.npy": shard.orig_edge, "halo_ids.npy": shard.halo_ids,
-             "recv_counts.npy": shard.recv_counts, "send_counts.npy": shard.send_counts,
-             "send_local.npy": shard.send_local}
-    files.update({f"values_{k}.npy": v for k, v in shard.values.items()})
-    files.update({f"{name}.npy": getattr(shard, name) for name in NODE_ARRAYS})
+def _structure_files(arrays: dict) -> dict:
+    """relative path -> array of a part's structure (:meth:`ShardBuilder.structure`)."""
+    files = {f"{name}.npy": arrays[name] for name in STRUCTURE_ARRAYS}
+    files.update({f"values_{k}.npy": v for k, v in arrays["values"].items()})
     return files
 
 
-def _write_folder(final: str, arrays: dict, manifest: dict, manifest_name: str) -> None:
+def _start_folder(final: str) -> str:
     tmp = f"{final}.tmp-{os.getpid()}"
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
     os.makedirs(tmp)
+    return tmp
+
+
+def _finish_folder(tmp: str, final: str, manifest: dict) -> None:
+    """Write the manifest (every file's size) into ``tmp`` and rename it to ``final``."""
     files = {}
-    for rel, arr in arrays.items():
-        _save(tmp, rel, arr, files)
-    with open(os.path.join(tmp, manifest_name), "w") as f:
-        json.dump({**manifest, "files": files}, f, indent=1)
+    for dirpath, _, names in os.walk(tmp):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), tmp).replace(os.sep, "/")
+            files[rel] = os.path.getsize(os.path.join(dirpath, name))
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump({**manifest, "files": dict(sorted(files.items()))}, f, indent=1)
     _move_into_place(tmp, final)
 
 
 def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn", "mean"),
-                 progress=None, source=None, what: str = "shard folder") -> dict:
+                 progress=None, source=None, what: str = "shard folder", jobs: int = 1,
+                 row_block=None, builder: ShardBuilder = None) -> dict:
     """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
 
-    Global arrays (S, its values, its transpose) are computed once; parts are then cut and
-    written one at a time, so only one part's arrays exist at once besides them.
-    ``progress(msg)`` is called before each long step. ``source``
-    (:func:`dataset_source`) is recorded in ``meta.json`` so readers can match a dataset spec
-    cheaply. ``out_dir`` must pass :func:`check_shard_folder` (``what`` names it in messages).
+    Streams: the global passes keep O(n) vectors (:class:`ShardBuilder`), each part's rows are
+    made and written on their own (over ``jobs`` forked processes), and ``x`` goes to every part
+    in row blocks (``partitioners/node_stream.py``; ``row_block`` rows a block, default about
+    64 MiB), so no copy of the graph or of its features is held. ``builder`` reuses passes
+    already made for ``graph`` and ``partition`` (the quality report's). ``progress(msg)`` is
+    called before each long step. ``source`` (:func:`dataset_source`) is recorded in
+    ``meta.json`` so readers can match a dataset spec cheaply. ``out_dir`` must pass
+    :func:`check_shard_folder` (``what`` names it in messages).
     """
     say = progress or (lambda msg: None)
     out_dir = os.fspath(out_dir)
     check_shard_folder(out_dir, what)                        # before any work
     graph.validate()
-    say("building the propagation structure and its values")
-    builder = ShardBuilder(graph, partition, norms)   # checks everything before touching OUT
+    if builder is None:
+        say("normalisation sums and halos (passes over the structure)")
+        builder = ShardBuilder(graph, partition, norms, jobs=jobs, progress=say)
+    elif builder.graph is not graph or builder.partition is not partition:
+        raise ValueError("write_shards: the builder was made for another graph or partition")
     claim_shard_folder(out_dir, what)  # checked again: from here on every entry is gnnpar's
     meta_path = os.path.join(out_dir, META)
     if os.path.exists(meta_path):
@@ -156,13 +162,24 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     P = partition.num_parts
     if os.path.exists(os.path.join(out_dir, GRID_DIR)):  # grid rows of an older gnnpar
         shutil.rmtree(os.path.join(out_dir, GRID_DIR))
+    tmps = [_start_folder(part_dir(out_dir, rank)) for rank in range(P)]
+
+    def structure(plan: ShardBuilder, rank: int) -> dict:
+        arrays = plan.structure(rank)
+        for rel, arr in _structure_files(arrays).items():
+            np.save(os.path.join(tmps[rank], rel), np.ascontiguousarray(arr))
+        release(graph.indices)
+        say(f"rows of part {rank + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
+            f"{arrays['halo_ids'].shape[0]:,} halo rows")
+        return {"n_local": int(arrays["global_ids"].shape[0]),
+                "n_halo": int(arrays["halo_ids"].shape[0]), "nnz": int(arrays["indices"].shape[0])}
+
+    counts = map_parts(builder, structure, range(P), builder.jobs, before_fork=kernels)
+    say(f"features and labels of {graph.num_nodes:,} vertices")
+    write_node_arrays(graph, partition, tmps, row_block=row_block, progress=say)
     for rank in range(P):
-        say(f"writing part {rank + 1}/{P}")
-        shard = builder.build(rank)
-        manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank,
-                    "n_local": shard.n_local, "n_halo": shard.n_halo, "nnz": shard.nnz}
-        _write_folder(part_dir(out_dir, rank), _shard_files(shard), manifest, MANIFEST)
-        del shard
+        manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank, **counts[rank]}
+        _finish_folder(tmps[rank], part_dir(out_dir, rank), manifest)
     for entry in os.listdir(out_dir):  # parts left over from an earlier write with more parts
         match = PART_RE.match(entry)
         if match and int(match.group(1)) >= P:
@@ -172,12 +189,12 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         "format_version": FORMAT_VERSION, "run_id": run_id, "fingerprint": fingerprint,
         "name": graph.name, "method": partition.method, "parts": P, "seed": partition.seed,
         "balance": partition.info.get("balance"), "imbalance": partition.info.get("imbalance"),
-        "n": graph.num_nodes, "m": graph.num_edges, "nnz": int(builder.indices.shape[0]),
+        "n": graph.num_nodes, "m": graph.num_edges, "nnz": builder.nnz_total,
         "num_features": graph.num_features, "num_classes": int(graph.num_classes),
         "sizes": [int(s) for s in partition.sizes], "norms": list(builder.norms),
         "weighted": ew is not None,
         "edge_weight_dtype": np.asarray(ew).dtype.str if ew is not None else None,
-        "canonical_csr": is_canonical(np.asarray(graph.indptr), np.asarray(graph.indices)),
+        "canonical_csr": builder.canonical,
         "source": dict(source) if source is not None else None,
     }
     _write_json_atomic(meta_path, meta)

@@ -224,9 +224,11 @@ def test_shards_that_cannot_fit_a_small_disk_are_refused_before_writing(tmp_path
         subprocess.run(["umount", str(disk)], check=False)
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
 def test_disk_full_while_writing_shards_is_exit_2_and_leaves_no_part(tmp_path, monkeypatch,
-                                                                     capsys):
-    """ENOSPC on the second part: exit 2 naming the folder, every part written removed."""
+                                                                     capsys, jobs):
+    """ENOSPC on the second part: exit 2 naming the folder, every part written removed (also
+    when a forked job meets it)."""
     import gnnpar.partitioners.shards as shards
     saved = []
     real_save = np.save
@@ -239,9 +241,10 @@ def test_disk_full_while_writing_shards_is_exit_2_and_leaves_no_part(tmp_path, m
     monkeypatch.setattr(shards.np, "save", save)
     out = tmp_path / "out"
     refused(capsys, partition_main, ["--dataset", TINY, "--parts", "3", "--method", "block",
-                                     "--out", str(out), "--quiet"],
+                                     "--out", str(out), "--quiet", "--jobs", jobs],
             f"--out {out}: the disk is full", "removed")
-    assert saved and not out.exists()  # part-00000 was written, then removed with the folder
+    assert not out.exists()  # part-00000 was written, then removed with the folder
+    assert saved or jobs != "1"  # a forked job's saves are in its own memory
 
 
 def test_disk_full_in_a_folder_gnnpar_wrote_before_keeps_no_unfinished_part(tmp_path,

@@ -187,14 +187,14 @@ def test_leftover_tmp_folder_is_refused(written):
 def test_crash_mid_rewrite_leaves_a_directory_that_does_not_load(written, monkeypatch):
     from gnnpar.partitioners.shard_build import ShardBuilder
     g, part, d = written
-    real = ShardBuilder.build
+    real = ShardBuilder.structure
 
     def failing(self, rank):
         if rank == 2:
             raise RuntimeError("simulated crash")
         return real(self, rank)
 
-    monkeypatch.setattr(ShardBuilder, "build", failing)
+    monkeypatch.setattr(ShardBuilder, "structure", failing)
     with pytest.raises(RuntimeError):
         write_shards(g, part, d)
     for rank in range(3):                     # parts 0-1 are new, part 2 old: none may load

@@ -1,0 +1,190 @@
+"""Compiled row passes over a CSR graph that build shards without a global copy of S = A' + I.
+
+Every pass reads the graph's CSR (``indptr``, ``indices``, optional ``weight``; memory-mapped
+arrays are fine) row by row and makes each row of S on the fly (:func:`s_row`): the row's
+columns without its self loops, duplicates merged, plus the diagonal, sorted; raw weights as
+``datasets/normalize.union_structure`` defines them (1.0 or the edge weight, duplicates summed
+in file order; the diagonal holds the row's loop weights summed, 0.0 without a loop). So S is
+never materialised: only O(n) vectors and one part's rows exist at once.
+
+The passes and what they give:
+
+- :func:`degree_pass`: per vertex the sums ``datasets/normalize.values_for`` divides by (GCN row
+  and column sums of S with unit diagonal; the raw row sums), in the same order of additions as
+  its ``np.bincount`` calls (row-major S order, one addition at a time), so the values are the
+  same bits; whether a vertex had a self loop; the first negative weight of each kind;
+- :func:`halo_pass`: one part's halo (distinct columns owned elsewhere), its cut entries and
+  its non-zeros;
+- :func:`rows_pass`: one part's rows with local column ids (owned ``[0, n_local)``, then the
+  halo in its order), sorted inside each row, and each entry's raw weight, ``orig_edge`` flag
+  and normalised values.
+
+Kernels are compiled by numba once and cached on disk (top-level functions, so the cache
+holds); importing this module imports numba, so callers import it when they build shards
+(:func:`shard_build.kernels`). None runs threads of its own, so several processes
+(``gnnpar-partition --jobs``) can each run them.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def s_row(indptr, indices, weight, weighted, canonical, v, cols, raw, tmp_c, tmp_w):
+    """Row ``v`` of S into ``cols``/``raw``; returns (entries, diagonal slot, had a loop)."""
+    lo, hi = indptr[v], indptr[v + 1]
+    loop_w = 0.0
+    has_loop = False
+    k = 0
+    diag = -1
+    if canonical:  # columns strictly increasing: insert the diagonal in passing
+        for e in range(lo, hi):
+            c = indices[e]
+            w = weight[e] if weighted else 1.0
+            if c == v:
+                loop_w += w
+                has_loop = True
+                continue
+            if diag < 0 and c > v:
+                diag = k
+                cols[k] = v
+                k += 1
+            cols[k] = c
+            raw[k] = w
+            k += 1
+    else:  # any order, repeats allowed: stable sort, then sum each column's copies in order
+        t = 0
+        for e in range(lo, hi):
+            c = indices[e]
+            w = weight[e] if weighted else 1.0
+            if c == v:
+                loop_w += w
+                has_loop = True
+                continue
+            tmp_c[t] = c
+            tmp_w[t] = w
+            t += 1
+        order = np.argsort(tmp_c[:t], kind="mergesort")
+        last = -1
+        for j in range(t):
+            c = tmp_c[order[j]]
+            w = tmp_w[order[j]]
+            if c == last:
+                raw[k - 1] += w
+                continue
+            if diag < 0 and c > v:
+                diag = k
+                cols[k] = v
+                k += 1
+            cols[k] = c
+            raw[k] = w
+            k += 1
+            last = c
+    if diag < 0:
+        diag = k
+        cols[k] = v
+        k += 1
+    raw[diag] = loop_w
+    return k, diag, has_loop
+
+@njit(cache=True, nogil=True)
+def degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_gcn, colsum_gcn,
+                rowsum_raw, has_loop, first_neg):
+    """Fills the sums and ``has_loop``; ``first_neg`` (2, 4) float64 gets, for the GCN weight
+    (row 0) and the raw weight (row 1): count, row, column, value of the first negative.
+    Returns S's non-zero count."""
+    n = indptr.shape[0] - 1
+    cols, raw, tmp_c, tmp_w = scratch
+    nnz = 0
+    for v in range(n):
+        k, diag, hl = s_row(indptr, indices, weight, weighted, canonical, v, cols, raw,
+                            tmp_c, tmp_w)
+        has_loop[v] = hl
+        rs = 0.0
+        rr = 0.0
+        for j in range(k):
+            c = cols[j]
+            r = raw[j]
+            wg = 1.0 if j == diag else r
+            rs += wg
+            rr += r
+            colsum_gcn[c] += wg
+            if wg < 0:
+                if first_neg[0, 0] == 0:
+                    first_neg[0, 1] = v
+                    first_neg[0, 2] = c
+                    first_neg[0, 3] = wg
+                first_neg[0, 0] += 1
+            if r < 0:
+                if first_neg[1, 0] == 0:
+                    first_neg[1, 1] = v
+                    first_neg[1, 2] = c
+                    first_neg[1, 3] = r
+                first_neg[1, 0] += 1
+        rowsum_gcn[v] = rs
+        rowsum_raw[v] = rr
+        nnz += k
+    return nnz
+
+@njit(cache=True, nogil=True)
+def halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
+              seen, halo):
+    """Part ``part``'s halo into ``halo`` (in first-seen order); ``seen`` (n,) int32 must not
+    hold ``part`` anywhere on entry. Returns (halo size, cut entries, non-zeros)."""
+    cols, raw, tmp_c, tmp_w = scratch
+    h = 0
+    cut = 0
+    nnz = 0
+    for i in range(owned.shape[0]):
+        v = owned[i]
+        k, diag, hl = s_row(indptr, indices, weight, weighted, canonical, v, cols, raw,
+                            tmp_c, tmp_w)
+        nnz += k
+        for j in range(k):
+            c = cols[j]
+            if owner[c] != part:
+                cut += 1
+                if seen[c] != part:
+                    seen[c] = part
+                    halo[h] = c
+                    h += 1
+    return h, cut, nnz
+
+@njit(cache=True, nogil=True)
+def rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
+              local_id, halo_pos, rinv, cinv, inv, out_indptr, out_cols, out_raw, out_orig,
+              out_gcn, out_mean):
+    """Part ``part``'s rows of S with local columns (``halo_pos[c]`` is column c's local id
+    when c is in the halo), each row sorted; values ``(w * rinv[v]) * cinv[c]`` (GCN, unit
+    diagonal) and ``raw * inv[v]`` (mean), rounded to float32 once, as ``values_for``."""
+    cols, raw, tmp_c, tmp_w = scratch
+    key = np.empty(cols.shape[0], np.int64)
+    perm = np.empty(cols.shape[0], np.int64)
+    pos = 0
+    out_indptr[0] = 0
+    for i in range(owned.shape[0]):
+        v = owned[i]
+        k, diag, hl = s_row(indptr, indices, weight, weighted, canonical, v, cols, raw,
+                            tmp_c, tmp_w)
+        ordered = True
+        for j in range(k):
+            c = cols[j]
+            key[j] = local_id[c] if owner[c] == part else halo_pos[c]
+            if j and key[j] < key[j - 1]:
+                ordered = False
+        if not ordered:
+            perm[:k] = np.argsort(key[:k])
+        for t in range(k):
+            j = t if ordered else perm[t]
+            c = cols[j]
+            r = raw[j]
+            out_cols[pos] = key[j]
+            out_raw[pos] = r
+            out_orig[pos] = j != diag or hl
+            wg = 1.0 if j == diag else r
+            out_gcn[pos] = np.float32(wg * rinv[v] * cinv[c])
+            out_mean[pos] = np.float32(r * inv[v])
+            pos += 1
+        out_indptr[i + 1] = pos
+    return pos
