@@ -29,12 +29,15 @@ from gnnpar.datasets.owned import FolderBusy, FolderLock
 from .bootstrap import detect_world
 from .checkpoint import agree_on_error
 from .cli_common import JsonLog, epoch_records, progress
+from .memory import merge_rank_peaks
 
 _LAST = ("loss", "train_acc", "val_acc", "test_acc")
 
 
 def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
-    """The last epoch's metrics plus run totals (epochs, time, bytes, peak memory).
+    """The last epoch's metrics plus run totals (epochs, time, bytes, peak memory; with
+    per-rank memory, each rank's largest peak, its data bytes and the ratios of those:
+    :func:`gnnpar.memory.merge_rank_peaks`).
 
     ``before``: what this returned for the epochs before ``history`` (a resumed run's, from
     its checkpoint), so the totals cover the whole run and not only the last segment."""
@@ -47,7 +50,7 @@ def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
     return {"epochs": int(b.get("epochs", 0)) + len(history), **{k: last[k] for k in _LAST},
             "total_s": b.get("total_s", 0.0) + sum(r["epoch_s"] for r in history),
             "comm_bytes": b.get("comm_bytes", 0) + sum(r["comm_bytes"] for r in history),
-            "peak_mem_bytes": max(peaks)}
+            "peak_mem_bytes": max(peaks), **merge_rank_peaks([b, *history])}
 
 
 def logged_totals(path: Optional[str], start: int) -> Optional[dict]:

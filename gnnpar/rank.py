@@ -27,6 +27,7 @@ from gnnpar.kernels.comm import WIRE_DTYPES
 from .distributed import DistRuntime
 from .interfaces import Shard
 from .logged import holding_log, train_logged
+from .memory import RankMemory, array_bytes, halo_row_bytes, local_current_bytes
 from .models import build_model
 from .resume import Checkpointing, run_meta
 from .sampling.draws import HASH_GENERATOR
@@ -74,6 +75,7 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
 def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource],
               watchdog) -> dict:
     device = rank_device(spec, rank)
+    baseline = local_current_bytes(device)  # before any data: the process's own footprint
     data = load_graph(spec) if source is None else load_rank_shard(rank, world, spec, source)
     if source is None and not spec.quiet:
         print(data.summary(), file=sys.stderr)
@@ -84,7 +86,7 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     if source is not None:
         torch.manual_seed(spec.seed * 1000003 + rank)  # dropout masks differ between ranks
     build = _minibatch if spec.minibatch else _fullbatch
-    training = build(spec, rank, world, data, model, device, watchdog)
+    training = build(spec, rank, world, data, model, device, watchdog, baseline)
     cfg = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay,
                       precision=spec.precision)
     opt = make_optimizer(model, cfg)
@@ -117,7 +119,8 @@ def _dims(data: Union[Graph, Shard]):
     return int(data.x.shape[1]), int(data.num_classes)
 
 
-def _fullbatch(spec, rank, world, data, model, device, watchdog) -> Training:
+def _fullbatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
+    memory = None
     if isinstance(data, Graph):
         runtime = SerialRuntime(data, model.norm, device)
         fields, desc, grid = {"algo": "serial", "world_size": 1, "grid": [1]}, "train", [1]
@@ -133,15 +136,33 @@ def _fullbatch(spec, rank, world, data, model, device, watchdog) -> Training:
         fields = {"algo": spec.algo, "world_size": world, "grid": grid,
                   "nnz_max_over_mean": top / max(mean, 1e-12)}
         desc = f"train[{spec.algo} x{world}]"
+        memory = _rank_memory(spec, rank, world, data, device, baseline, runtime.reducer)
     return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
-                                                          start, opt), fields, desc, grid)
+                                                          start, opt, memory),
+                    fields, desc, grid)
 
 
-def _minibatch(spec, rank, world, data, model, device, watchdog) -> Training:
+def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optional[RankMemory]:
+    """Every rank's peak against its data (:class:`~gnnpar.memory.RankMemory`): the shard's
+    arrays as loaded, and the halo rows one SpMM holds at the widest layer (the shard's
+    ``n_halo``: what the 1D halo kernel receives). None when the runtime's reductions do not
+    span every rank."""
+    if reducer.world != world:
+        return None
+    f_in, f_out = _dims(shard)
+    widths = [f_in] + [spec.hidden] * (spec.layers - 1) + [f_out]
+    return RankMemory(rank, world, device, baseline, array_bytes(shard),
+                      halo_row_bytes(shard.n_halo, widths, spec.precision))
+
+
+def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
+    memory = None
     if isinstance(data, Graph):
         parts = serial_parts(spec, data, model.norm, device)
     else:
         parts = build_rank(rank, world, data, spec, model.norm, device)
+        if parts.engine.reducer.world == world:  # every rank's peak, against its baseline
+            memory = RankMemory(rank, world, device, baseline)
     info = parts.info
     fields = {"algo": "data-parallel" if world > 1 else "serial", "world_size": world,
               "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood",
@@ -149,7 +170,7 @@ def _minibatch(spec, rank, world, data, model, device, watchdog) -> Training:
     return Training(
         lambda opt, cfg, on_epoch, start: fit_minibatch(model, parts.service, parts.engine,
                                                         parts.eval_runtime, cfg, on_epoch,
-                                                        start, opt),
+                                                        start, opt, memory),
         fields, f"minibatch x{world}", [world],
         extra_final=lambda history: {**final_sampling(history), **info},
         # the device sampler draws other blocks than the host's (counter-based draws, named

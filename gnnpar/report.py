@@ -145,6 +145,11 @@ def summary_text(epochs, final, world, algo, grid) -> str:
              ("communication share", f"{100 * comm_s / total_s:.1f} %" if total_s else "-"),
              ("bytes, all ranks", f"{total_b / 1e6:.2f} MB"),
              ("peak memory (largest rank)", f"{peak / 2**20:.0f} MiB" if peak == peak else "-")]
+    ratios = final if "peak_over_data_max" in final else last
+    if "peak_over_data_max" in ratios:  # distributed full batch: peak / (shard + halo rows)
+        rows.append(("peak / data (max rank)",
+                     f"{_num(ratios, 'peak_over_data_max'):.2f}, less baseline "
+                     f"{_num(ratios, 'peak_net_over_data_max'):.2f}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

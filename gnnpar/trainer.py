@@ -25,7 +25,7 @@ import torch
 
 from .interfaces import SPLITS, CommStats, Reducer
 from .loss import summed_cross_entropy
-from .memory import peak_memory_bytes
+from .memory import RankMemory, peak_memory_bytes
 from .precision import autocast, check, matmuls
 
 
@@ -121,11 +121,13 @@ def make_optimizer(model, cfg: TrainConfig):
 
 
 def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], None]] = None,
-        start_epoch: int = 0, opt=None):
+        start_epoch: int = 0, opt=None, memory: Optional[RankMemory] = None):
     """Train ``model`` on ``runtime``; calls ``on_epoch(record)`` after every epoch.
 
     Returns the list of epoch records (the per-epoch fields of the JSON log,
-    ``docs/architecture.md``).
+    ``docs/architecture.md``). ``memory`` (distributed runs, :class:`~gnnpar.memory.RankMemory`)
+    adds every rank's peak and data bytes to each record (one small all-reduce per epoch, in
+    place of the largest peak's).
     An epoch whose global loss is NaN or infinite (the same on every rank) is the last: its
     record is made and passed on, then training stops (the run has diverged).
     """
@@ -146,9 +148,11 @@ def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], No
         rec = {"epoch": epoch, "loss": loss, **accs, "epoch_s": epoch_s,
                "compute_s": max(epoch_s - stats.seconds, 0.0), "comm_s": stats.seconds,
                "comm_total_s": stats.total_seconds, "comm_timing": stats.timing,
-               "comm_bytes": stats.bytes, "comm_bytes_max_rank": stats.bytes_max_rank,
-               "peak_mem_bytes": peak_memory_bytes(runtime.x.device,
-                                                   runtime.all_reduce_max)}
+               "comm_bytes": stats.bytes, "comm_bytes_max_rank": stats.bytes_max_rank}
+        if memory is not None:
+            rec.update(memory.record(runtime.all_reduce_sum))
+        else:
+            rec["peak_mem_bytes"] = peak_memory_bytes(runtime.x.device, runtime.all_reduce_max)
         history.append(rec)
         if on_epoch is not None:
             on_epoch(rec)

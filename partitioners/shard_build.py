@@ -45,13 +45,7 @@ from gnnpar.datasets.normalize import KINDS
 from .csr_rows import is_canonical
 from .part_pool import map_parts
 from .partition import Partition
-
-def kernels():
-    """The compiled row passes (``shard_kernels``), imported on first use: importing numba
-    takes most of a second that a run loading finished shards need not pay."""
-    from . import shard_kernels
-    return shard_kernels
-
+from .shard_kernels import kernels
 
 NODE_ARRAYS = ("x", "y", "train_mask", "val_mask", "test_mask")
 

@@ -19,19 +19,33 @@ The passes and what they give:
   halo in its order), sorted inside each row, and each entry's raw weight, ``orig_edge`` flag
   and normalised values.
 
-Kernels are compiled by numba once and cached on disk (top-level functions, so the cache
-holds); importing this module imports numba, so callers import it when they build shards
-(:func:`shard_build.kernels`). None runs threads of its own, so several processes
-(``gnnpar-partition --jobs``) can each run them.
+The passes are plain top-level functions compiled by numba on the first :func:`kernels` call
+and cached on disk (numba's cache holds only for module-level functions); numba is imported
+then, not with this module, so a run that only loads finished shards never pays for it. None
+runs threads of its own, so several processes (``gnnpar-partition --jobs``) can each run them.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from numba import njit
+
+NAMES = ("s_row", "degree_pass", "halo_pass", "rows_pass")
+s_row = degree_pass = halo_pass = rows_pass = None  # the compiled passes, set by kernels()
 
 
-@njit(cache=True, nogil=True)
-def s_row(indptr, indices, weight, weighted, canonical, v, cols, raw, tmp_c, tmp_w):
+def kernels():
+    """This module with its passes compiled (``kernels().rows_pass(...)``); compiled once per
+    process (loaded from numba's cache after the first time)."""
+    module = sys.modules[__name__]
+    if not callable(getattr(module, "s_row", None)):
+        from numba import njit
+        for name in NAMES:  # s_row first: the others call it through this module's globals
+            setattr(module, name, njit(cache=True, nogil=True)(getattr(module, "_" + name)))
+    return module
+
+
+def _s_row(indptr, indices, weight, weighted, canonical, v, cols, raw, tmp_c, tmp_w):
     """Row ``v`` of S into ``cols``/``raw``; returns (entries, diagonal slot, had a loop)."""
     lo, hi = indptr[v], indptr[v + 1]
     loop_w = 0.0
@@ -88,8 +102,7 @@ def s_row(indptr, indices, weight, weighted, canonical, v, cols, raw, tmp_c, tmp
     raw[diag] = loop_w
     return k, diag, has_loop
 
-@njit(cache=True, nogil=True)
-def degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_gcn, colsum_gcn,
+def _degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_gcn, colsum_gcn,
                 rowsum_raw, has_loop, first_neg):
     """Fills the sums and ``has_loop``; ``first_neg`` (2, 4) float64 gets, for the GCN weight
     (row 0) and the raw weight (row 1): count, row, column, value of the first negative.
@@ -127,8 +140,7 @@ def degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_gc
         nnz += k
     return nnz
 
-@njit(cache=True, nogil=True)
-def halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
+def _halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
               seen, halo):
     """Part ``part``'s halo into ``halo`` (in first-seen order); ``seen`` (n,) int32 must not
     hold ``part`` anywhere on entry. Returns (halo size, cut entries, non-zeros)."""
@@ -151,8 +163,7 @@ def halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owne
                     h += 1
     return h, cut, nnz
 
-@njit(cache=True, nogil=True)
-def rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
+def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
               local_id, halo_pos, rinv, cinv, inv, out_indptr, out_cols, out_raw, out_orig,
               out_gcn, out_mean):
     """Part ``part``'s rows of S with local columns (``halo_pos[c]`` is column c's local id

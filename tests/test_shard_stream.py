@@ -3,6 +3,7 @@ graph a user can hand it (weighted in float32 or float64, directed, self loops, 
 unsorted columns, isolated vertices, empty parts), in one process and in several, and the disk
 writer stores exactly those arrays."""
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -106,3 +107,43 @@ def test_written_shards_equal_reference(tmp_path, jobs):
     for rank, want in enumerate(reference_shards(g, part)):
         got = load_shard(str(out), rank, mmap=False)
         assert_same(got, want)
+
+
+def test_report_from_the_passes_equals_report_from_s():
+    from gnnpar.partitioners import report
+    g = messy_graph(n=60, seed=11)
+    part = partition_graph(g, 4, "random", seed=3)
+    counts = ShardBuilder(g, part).quality_counts()
+    assert report(g, part, counts=counts) == report(g, part)
+
+
+def _parhip64(path, indptr, indices, vweights):
+    """KaMinPar's 64-bit ParHiP layout (every field 8 bytes): the reference for the 32-bit one."""
+    n, m = indptr.shape[0] - 1, indices.shape[0]
+    version = 1 | (0 if vweights is not None else 2)
+    with open(path, "wb") as f:
+        f.write(np.array([version, n, m], "<u8").tobytes())
+        f.write((24 + 8 * (n + 1) + 8 * np.asarray(indptr, np.int64)).astype("<u8").tobytes())
+        f.write(np.asarray(indices).astype("<u8").tobytes())
+        if vweights is not None:
+            f.write(np.asarray(vweights).astype("<i8").tobytes())
+
+
+@pytest.mark.parametrize("balance", ["edges", "nodes"])
+def test_kaminpar_reads_the_32_bit_file_as_the_64_bit_one(tmp_path, balance):
+    kaminpar = pytest.importorskip("kaminpar")
+    from gnnpar.partitioners.kaminpar_part import write_parhip
+    from gnnpar.partitioners.metis import undirected_structure, vertex_weights
+    g = random_graph(n=400, avg_deg=6, seed=12)
+    indptr, indices = undirected_structure(g)
+    vw = vertex_weights(indptr, balance)
+    owners = []
+    for name, writer in (("32", write_parhip), ("64", _parhip64)):
+        path = str(tmp_path / f"g{name}.parhip")
+        writer(path, indptr, indices, vw)
+        kg = kaminpar.load_graph(path, kaminpar.GraphFileFormat.PARHIP)
+        kaminpar.reseed(5)
+        solver = kaminpar.KaMinPar(1, kaminpar.default_context())
+        owners.append(np.asarray(solver.compute_partition(kg, 4, 0.03)))
+    assert owners[0].size == g.num_nodes and np.array_equal(owners[0], owners[1])
+    assert os.path.getsize(tmp_path / "g32.parhip") < os.path.getsize(tmp_path / "g64.parhip")

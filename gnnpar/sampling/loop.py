@@ -110,10 +110,11 @@ def train_step(model, opt, engine, batch, global_count: int, precision: str = "f
 
 def fit_minibatch(model, service: MacrobatchService, engine, eval_runtime, cfg: TrainConfig,
                   on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0,
-                  opt=None):
+                  opt=None, memory=None):
     """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_runtime`` is a full-batch
     :class:`~gnnpar.interfaces.Runtime` used only to evaluate. Returns the epoch records (the
-    full-batch fields plus the sampling ones). Stops after an epoch whose (global) loss is NaN
+    full-batch fields plus the sampling ones; ``memory``, a :class:`gnnpar.memory.RankMemory`,
+    adds every rank's peak and baseline). Stops after an epoch whose (global) loss is NaN
     or infinite, on every rank at once."""
     opt = opt or make_optimizer(model, cfg)
     engine.comm_stats()
@@ -136,8 +137,11 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_runtime, cfg: 
             rec.update(_reduced(engine, loss_sum, service.plan.total, grad, stats))
             rec["compute_s"] = max(epoch_s - rec["comm_s"] - rec["stall_s"], 0.0)
             rec["stall_share"] = rec["stall_s"] / epoch_s if epoch_s > 0 else 0.0
-            rec["peak_mem_bytes"] = peak_memory_bytes(next(model.parameters()).device,
-                                                      engine.reducer.max_int)
+            if memory is not None:
+                rec.update(memory.record(engine.all_reduce))
+            else:
+                rec["peak_mem_bytes"] = peak_memory_bytes(next(model.parameters()).device,
+                                                          engine.reducer.max_int)
             history.append(rec)
             if on_epoch is not None:
                 on_epoch(rec)
