@@ -13,6 +13,7 @@ self loops GCN needs themselves.
 from __future__ import annotations
 
 import hashlib
+import mmap
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -20,6 +21,33 @@ import numpy as np
 
 from .errors import InputError
 from .limits import check_num_classes
+
+#: bytes of one block that :func:`row_blocks` hands out
+BLOCK_BYTES = 1 << 26
+
+
+def row_blocks(arr: np.ndarray, nbytes: Optional[int] = None):
+    """``(first row, block)`` over ``arr`` in blocks of about ``nbytes`` (default
+    :data:`BLOCK_BYTES`), each an in-memory array, so a pass over a large (memory-mapped)
+    array needs one block of temporaries.
+
+    A read-only memory map drops the pages read so far from this process after each block
+    (``MADV_DONTNEED``; the page cache keeps them), so a pass over a file larger than memory
+    does not grow the resident set by the file's size.
+    """
+    arr = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
+    row = max(1, arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64)))
+    step = max(1, int(nbytes or BLOCK_BYTES) // row)
+    mm = getattr(arr, "_mmap", None) if getattr(arr, "mode", None) == "r" else None
+    release = getattr(mm, "madvise", None) if hasattr(mmap, "MADV_DONTNEED") else None
+    for start in range(0, arr.shape[0], step):
+        yield start, np.array(arr[start:start + step])
+        if release is not None:
+            try:
+                release(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # a closed map, or madvise refused: only a hint
+                release = None
+
 
 @dataclass
 class Graph:
@@ -71,16 +99,19 @@ class Graph:
             raise InputError(f"indptr must start at 0 and end at the edge count {m}, got {indptr[0]}..{indptr[-1]}")
         if n > 0 and np.any(np.diff(indptr) < 0):
             raise InputError("indptr must be non-decreasing")
-        if m and (indices.min() < 0 or indices.max() >= n):
-            bad = int(indices.min()) if indices.min() < 0 else int(indices.max())
-            raise InputError(f"edge endpoint {bad} is out of range [0, {n})")
+        if m:
+            ends = [(int(b.min()), int(b.max())) for _, b in row_blocks(self.indices) if b.size]
+            lo, hi = min(e[0] for e in ends), max(e[1] for e in ends)
+            if lo < 0 or hi >= n:
+                raise InputError(f"edge endpoint {lo if lo < 0 else hi} is out of range [0, {n})")
         if self.edge_weight is not None:
-            w = np.asarray(self.edge_weight)
+            w = self.edge_weight
+            w = w if isinstance(w, np.ndarray) else np.asarray(w)
             if w.shape != (m,):
                 raise InputError(f"edge_weight must have shape ({m},), got {w.shape}")
-            if not np.all(np.isfinite(w)):
+            if not all(np.all(np.isfinite(b)) for _, b in row_blocks(w)):
                 raise InputError("edge_weight contains NaN or inf")
-        x = np.asarray(self.x)
+        x = self.x if isinstance(self.x, np.ndarray) else np.asarray(self.x)
         if x.ndim != 2 or x.shape[0] != n:
             raise InputError(f"x must have shape (num_nodes={n}, F), got {x.shape}")
         if x.shape[1] < 1:
@@ -88,9 +119,14 @@ class Graph:
                              "one input feature (give a graph without features a column of ones)")
         if not np.issubdtype(x.dtype, np.floating):
             raise InputError(f"x must be a float array, got {x.dtype}")
-        if not np.all(np.isfinite(x)):
-            rows = np.unique(np.nonzero(~np.isfinite(x))[0])
-            raise InputError(f"x contains NaN or inf in {rows.size} row(s), first at node {int(rows[0])}")
+        bad_rows, first_bad = 0, None
+        for start, block in row_blocks(x):
+            bad = ~np.isfinite(block).all(axis=1)
+            if bad.any():
+                bad_rows += int(bad.sum())
+                first_bad = start + int(np.argmax(bad)) if first_bad is None else first_bad
+        if bad_rows:
+            raise InputError(f"x contains NaN or inf in {bad_rows} row(s), first at node {first_bad}")
         y = np.asarray(self.y)
         if y.shape != (n,):
             raise InputError(f"y must have shape ({n},), got {y.shape}")
@@ -217,9 +253,10 @@ class Graph:
             if arr is None:
                 h.update(b"none")
                 continue
-            a = np.ascontiguousarray(arr)
+            a = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
             h.update(str((a.dtype.str, a.shape)).encode())
-            h.update(memoryview(a).cast("B"))
+            for _, block in row_blocks(a):  # the C-order bytes, a block of rows at a time
+                h.update(memoryview(np.ascontiguousarray(block)).cast("B"))
         h.update(str(self.num_classes).encode())
         return h.hexdigest()[:16]
 

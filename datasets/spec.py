@@ -18,13 +18,13 @@ import math
 import os
 import shutil
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
-from .cache import load_cache, save_cache
+from .cache import CacheWriter, load_cache
 from .errors import InputError
 from .graph import Graph
-from .readers import read_npz, read_ogb
-from .synthetic import rmat, sbm
+from .readers import read_npz, read_ogb, write_npz, write_ogb
+from .synthetic import rmat, sbm, write_rmat, write_sbm
 
 #: Small planted-partition graph a 2-layer GCN learns to ~97% test accuracy in a few CPU
 #: seconds, while a feature-only MLP stays near 30% (8 classes, chance 12.5%).
@@ -159,29 +159,67 @@ def cache_key(spec: str, directed: bool = False) -> str:
     return f"{kind}:{body}|directed={bool(directed)}"
 
 
-def _build(kind: str, params: dict, directed: bool) -> Graph:
+def _build(kind: str, params: dict, directed: bool, progress=None) -> Graph:
     if kind == "rmat":
-        return rmat(directed=directed, **params)
+        return rmat(directed=directed, progress=progress, **params)
     if kind == "sbm":
-        return sbm(directed=directed, **params)
+        return sbm(directed=directed, progress=progress, **params)
     if kind == "npz":
-        return read_npz(params["path"], directed=directed)
+        return read_npz(params["path"], directed=directed, progress=progress)
     if kind == "ogb":
-        return read_ogb(params["dir"], directed=directed, split=params["split"])
+        return read_ogb(params["dir"], directed=directed, split=params["split"], progress=progress)
     return load_cache(params["dir"])
 
 
-def load_dataset(spec: str, directed: bool = False, cache_dir: Optional[str] = None) -> Graph:
+def _stream(out, kind: str, params: dict, directed: bool, progress) -> str:
+    """Write the graph of a spec into ``out``; returns what its errors are prefixed with."""
+    if kind == "rmat":
+        write_rmat(out, directed=directed, progress=progress, **params)
+        return "rmat"
+    if kind == "sbm":
+        write_sbm(out, directed=directed, progress=progress, **params)
+        return "sbm"
+    if kind == "npz":
+        write_npz(out, params["path"], directed, progress)
+        return params["path"]
+    write_ogb(out, params["dir"], directed, params["split"], progress)
+    return f"OGB folder {params['dir']}"
+
+
+def _write_cache(kind: str, params: dict, directed: bool, folder: str, meta: dict,
+                 progress) -> Optional[Graph]:
+    """Build the graph straight into the cache ``folder`` (bounded memory) and map it; None
+    when the cache cannot be written (a read-only or full disk: the caller builds the graph
+    in memory instead). A bad input raises :class:`InputError` and leaves no folder."""
+    try:
+        with CacheWriter(folder, keep_existing=True) as out:
+            where = _stream(out, kind, params, directed, progress)
+            out.meta = {**out.meta, **meta}
+            out.finish(where=where)
+    except OSError as exc:
+        warnings.warn(f"could not write dataset cache {folder}: {exc}; building the graph in memory",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    graph = load_cache(folder)  # validated by finish()
+    graph.meta["from_cache"] = False
+    return graph
+
+
+def load_dataset(spec: str, directed: bool = False, cache_dir: Optional[str] = None,
+                 progress: Optional[Callable[[str], None]] = None) -> Graph:
     """Build or read the graph a spec names; always validated.
 
     With ``cache_dir``, the graph is stored there as a binary cache (a subfolder named by a hash
-    of :func:`cache_key`), and a later call with the same spec and ``directed`` memory-maps
-    that cache instead of generating or parsing again. A corrupt cache entry is rebuilt.
-    ``meta['spec']`` records the spec; ``meta['from_cache']`` says whether the cache was hit.
+    of :func:`cache_key`) and returned memory-mapped from it; a later call with the same spec
+    and ``directed`` maps that cache instead of generating or parsing again. A corrupt cache
+    entry is rebuilt. The graph is generated or read straight into the cache in bounded
+    memory (edges and features are never all in memory at once). ``meta['spec']``
+    records the spec; ``meta['from_cache']`` says whether the cache was hit. ``progress``
+    (a ``print``-like callable) receives a line now and then during long phases.
     """
     kind, params = parse_spec(spec)
     if cache_dir is None or kind == "cache":
-        graph = _build(kind, params, directed)
+        graph = _build(kind, params, directed, progress)
         graph.meta.update(spec=spec, from_cache=kind == "cache")
         return graph.validate()
     key = cache_key(spec, directed)
@@ -197,13 +235,9 @@ def load_dataset(spec: str, directed: bool = False, cache_dir: Optional[str] = N
         except InputError as exc:
             warnings.warn(f"rebuilding dataset cache: {exc}", RuntimeWarning, stacklevel=2)
             shutil.rmtree(folder, ignore_errors=True)  # ours: named by the key hash inside cache_dir
-    graph = _build(kind, params, directed)
-    graph.meta.update(spec=spec, cache_key=key)
-    graph.validate()
-    try:
-        if not os.path.isdir(folder):  # another rank loading the same spec may have written it meanwhile
-            save_cache(graph, folder)
-    except OSError as exc:  # a read-only or full cache disk must not stop a run that has its graph
-        warnings.warn(f"could not write dataset cache {folder}: {exc}", RuntimeWarning, stacklevel=2)
-    graph.meta["from_cache"] = False
+    graph = _write_cache(kind, params, directed, folder, {"spec": spec, "cache_key": key}, progress)
+    if graph is None:
+        graph = _build(kind, params, directed, progress)
+        graph.meta.update(spec=spec, cache_key=key, from_cache=False)
+        graph.validate()
     return graph

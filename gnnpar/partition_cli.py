@@ -122,7 +122,7 @@ def run(args) -> int:
             check_shard_disk(args.out, args.parts, len(norms), graph, "--out")  # and the graph
             builder = ShardBuilder(graph, part, norms, jobs=_jobs(args), progress=say)
             write_shards(graph, part, args.out, norms=norms, progress=say, source=source,
-                         what="--out", builder=builder)
+                         what="--out", builder=builder, validated=True)
             phases["shards"] = time.perf_counter() - t0
     rep = {}
     if args.report:
@@ -175,7 +175,8 @@ def _partition(args, say, phases: dict):
     """The dataset and its partition; each step's seconds into ``phases``."""
     say(f"loading {args.dataset}")
     t0 = time.perf_counter()
-    graph = load_dataset(args.dataset, directed=args.directed, cache_dir=args.cache_dir)
+    graph = load_dataset(args.dataset, directed=args.directed, cache_dir=args.cache_dir,
+                         progress=say)
     phases["load"] = time.perf_counter() - t0
     say(f"{graph.summary()} ({phases['load']:.1f} s)")
     threads = args.threads if args.threads is not None else default_jobs()

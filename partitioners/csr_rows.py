@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .shard_kernels import kernels
+
 
 def gather_rows(indptr: np.ndarray, rows: np.ndarray):
     """Entries of the CSR rows ``rows``, in the given row order.
@@ -68,12 +70,10 @@ def is_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
 
 def is_symmetric_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
     """Pattern symmetry of a canonical CSR (see :func:`is_canonical`): every entry (r, c) has its
-    mirror (c, r). The transpose comes from scipy's counting sort, whose rows come out sorted, so
-    for a canonical matrix symmetry is plain equality of the two index arrays."""
-    import scipy.sparse as sp
+    mirror (c, r). One compiled pass in O(n) extra memory (``shard_kernels.symmetric_pass``)
+    instead of building the transpose."""
     n = indptr.shape[0] - 1
-    if not np.array_equal(np.bincount(indices, minlength=n), np.diff(indptr)):
+    if not np.array_equal(np.bincount(np.asarray(indices), minlength=n)[:n], np.diff(indptr)):
         return False                                   # in-degree != out-degree somewhere
-    a = sp.csr_matrix((np.ones(indices.shape[0], np.int8), indices, indptr), shape=(n, n))
-    t = a.tocsc()
-    return bool(np.array_equal(t.indptr, indptr) and np.array_equal(t.indices, indices))
+    cursor = np.array(indptr[:-1], dtype=np.int64)
+    return bool(kernels().symmetric_pass(indptr, indices, cursor))

@@ -70,20 +70,23 @@ def write_node_arrays(graph, partition: Partition, folders, row_block=None, prog
               for r in range(P)]
     handles = [open(os.path.join(folders[r], "x.npy"), "r+b") for r in range(P)]
     filled = np.zeros(P, np.int64)  # local rows of each part written so far
-    step = block_rows(f, x.dtype.itemsize, row_block)
+    step = min(block_rows(f, x.dtype.itemsize, row_block), max(n, 1))
+    block = np.empty((step, f), x.dtype)    # reused: no fresh pages to fault in every block
+    grouped = np.empty((step, f), x.dtype)
     try:
         for a in range(0, n, step):
             b = min(n, a + step)
-            block = np.ascontiguousarray(x[a:b])
+            rows = b - a
+            block[:rows] = x[a:b]
             release(x)
             order = np.argsort(owner[a:b], kind="stable")  # rows grouped by part, ascending
             counts = np.bincount(owner[a:b], minlength=P)
-            grouped = block[order]
+            np.take(block[:rows], order, axis=0, out=grouped[:rows], mode="clip")  # unbuffered
             at = 0
             for rank in np.flatnonzero(counts):
                 c = int(counts[rank])
                 handles[rank].seek(starts[rank] + int(filled[rank]) * row_bytes)
-                handles[rank].write(grouped[at:at + c].tobytes())
+                handles[rank].write(memoryview(grouped[at:at + c]).cast("B"))
                 filled[rank] += c
                 at += c
             if (a // step) % 16 == 15:

@@ -234,17 +234,18 @@ class ShardBuilder:
         owned = self.partition.vertices(rank)
         n_local, nnz = owned.shape[0], int(self.part_nnz[rank])
         halo = self.halo_ids[rank]
-        halo_pos = np.zeros(max(self.graph.num_nodes, 1), np.int64)
-        halo_pos[halo] = n_local + np.arange(halo.size, dtype=np.int64)
+        colmap = np.zeros(max(self.graph.num_nodes, 1), np.int64)  # column -> local id
+        colmap[owned] = np.arange(n_local, dtype=np.int64)
+        colmap[halo] = n_local + np.arange(halo.size, dtype=np.int64)
         indptr = np.zeros(n_local + 1, np.int64)
         cols, raw = np.empty(nnz, np.int64), np.empty(nnz, np.float64)
         orig = np.empty(nnz, np.bool_)
         gcn, mean = np.empty(nnz, np.float32), np.empty(nnz, np.float32)
         kernels().rows_pass(self.indptr, self.indices, self.weight, self.weighted,
-                            self.canonical, self._scratch(), owned, self.owner, rank,
-                            self.local_id, halo_pos, self.rinv, self.cinv, self.inv, indptr, cols,
-                            raw, orig, gcn, mean)
-        del halo_pos
+                            self.canonical, self._scratch(), owned, colmap, self.owner, rank,
+                            self.parts, self.rinv, self.cinv, self.inv, indptr, cols, raw, orig,
+                            gcn, mean)
+        del colmap
         made = {"gcn": gcn, "mean": mean}
         values = {k: made[k] if k in made else raw.astype(np.float32) for k in self.norms}
         send_local, send_counts = self.sends(rank)

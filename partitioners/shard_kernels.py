@@ -30,8 +30,8 @@ import sys
 
 import numpy as np
 
-NAMES = ("s_row", "degree_pass", "halo_pass", "rows_pass")
-s_row = degree_pass = halo_pass = rows_pass = None  # the compiled passes, set by kernels()
+NAMES = ("s_row", "degree_pass", "halo_pass", "rows_pass", "symmetric_pass")
+s_row = degree_pass = halo_pass = rows_pass = symmetric_pass = None  # the compiled passes, set by kernels()
 
 
 def kernels():
@@ -163,15 +163,22 @@ def _halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, own
                     h += 1
     return h, cut, nnz
 
-def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
-              local_id, halo_pos, rinv, cinv, inv, out_indptr, out_cols, out_raw, out_orig,
-              out_gcn, out_mean):
-    """Part ``part``'s rows of S with local columns (``halo_pos[c]`` is column c's local id
-    when c is in the halo), each row sorted; values ``(w * rinv[v]) * cinv[c]`` (GCN, unit
-    diagonal) and ``raw * inv[v]`` (mean), rounded to float32 once, as ``values_for``."""
+def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, colmap, owner,
+               part, parts, rinv, cinv, inv, out_indptr, out_cols, out_raw, out_orig, out_gcn,
+               out_mean):
+    """A part's rows of S (``owned``, ascending) with local columns (``colmap[c]``: column c's
+    local id, owned or halo), each row sorted; values ``(w * rinv[v]) * cinv[c]`` (GCN, unit
+    diagonal) and ``raw * inv[v]`` (mean), rounded to float32 once, as ``values_for``.
+
+    A row's columns come in ascending id, and local ids ascend with the id inside each group
+    (owned; the halo rows of one owner), so sorting a row is a stable counting sort by group
+    (0 owned, 1 + owner): O(row + parts) with no comparisons. Where parts outnumber a row's
+    entries a comparison sort is cheaper (insertion for short rows)."""
     cols, raw, tmp_c, tmp_w = scratch
     key = np.empty(cols.shape[0], np.int64)
     perm = np.empty(cols.shape[0], np.int64)
+    group = np.empty(cols.shape[0], np.int64)
+    start = np.zeros(parts + 2, np.int64)
     pos = 0
     out_indptr[0] = 0
     for i in range(owned.shape[0]):
@@ -180,22 +187,63 @@ def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, own
                             tmp_c, tmp_w)
         ordered = True
         for j in range(k):
-            c = cols[j]
-            key[j] = local_id[c] if owner[c] == part else halo_pos[c]
+            key[j] = colmap[cols[j]]
+            perm[j] = j
             if j and key[j] < key[j - 1]:
                 ordered = False
-        if not ordered:
-            perm[:k] = np.argsort(key[:k])
+        if not ordered:  # keys are distinct: any sort gives the one order
+            if parts + 1 <= 4 * k:
+                for j in range(k):
+                    o = owner[cols[j]]
+                    g = 0 if o == part else o + 1
+                    group[j] = g
+                    start[g + 1] += 1
+                for g in range(1, parts + 2):
+                    start[g] += start[g - 1]
+                for j in range(k):
+                    g = group[j]
+                    perm[start[g]] = j
+                    start[g] += 1
+                start[:] = 0
+            elif k > 48:
+                perm[:k] = np.argsort(key[:k])
+            else:  # short rows: insertion sort, no allocation
+                for a in range(1, k):
+                    j = perm[a]
+                    b = a - 1
+                    while b >= 0 and key[perm[b]] > key[j]:
+                        perm[b + 1] = perm[b]
+                        b -= 1
+                    perm[b + 1] = j
+        rv, iv = rinv[v], inv[v]
         for t in range(k):
-            j = t if ordered else perm[t]
+            j = perm[t]
             c = cols[j]
             r = raw[j]
             out_cols[pos] = key[j]
             out_raw[pos] = r
             out_orig[pos] = j != diag or hl
             wg = 1.0 if j == diag else r
-            out_gcn[pos] = np.float32(wg * rinv[v] * cinv[c])
-            out_mean[pos] = np.float32(r * inv[v])
+            out_gcn[pos] = np.float32(wg * rv * cinv[c])
+            out_mean[pos] = np.float32(r * iv)
             pos += 1
         out_indptr[i + 1] = pos
     return pos
+
+
+def _symmetric_pass(indptr, indices, cursor):
+    """True when a canonical CSR (sorted, distinct columns) equals its transpose: rows are read
+    in order, so the entries (r, c) met for one column c come in ascending r, which is row c's
+    own order when the pattern is symmetric; ``cursor`` (n,) starts as ``indptr[:-1]``."""
+    n = indptr.shape[0] - 1
+    for r in range(n):
+        for e in range(indptr[r], indptr[r + 1]):
+            c = indices[e]
+            p = cursor[c]
+            if p >= indptr[c + 1] or indices[p] != r:
+                return False
+            cursor[c] = p + 1
+    for c in range(n):
+        if cursor[c] != indptr[c + 1]:
+            return False
+    return True

@@ -59,6 +59,7 @@ import uuid
 import numpy as np
 
 from gnnpar.datasets import Graph, InputError
+from gnnpar.datasets.cache import stored_fingerprint
 
 from .partition import Partition
 from .node_stream import release, write_node_arrays
@@ -127,7 +128,7 @@ def _finish_folder(tmp: str, final: str, manifest: dict) -> None:
 
 def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn", "mean"),
                  progress=None, source=None, what: str = "shard folder", jobs: int = 1,
-                 row_block=None, builder: ShardBuilder = None) -> dict:
+                 row_block=None, builder: ShardBuilder = None, validated: bool = False) -> dict:
     """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
 
     Streams: the global passes keep O(n) vectors (:class:`ShardBuilder`), each part's rows are
@@ -137,12 +138,14 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     already made for ``graph`` and ``partition`` (the quality report's). ``progress(msg)`` is
     called before each long step. ``source`` (:func:`dataset_source`) is recorded in
     ``meta.json`` so readers can match a dataset spec cheaply. ``out_dir`` must pass
-    :func:`check_shard_folder` (``what`` names it in messages).
+    :func:`check_shard_folder` (``what`` names it in messages). ``validated``: the caller has
+    just validated ``graph`` (``load_dataset`` does), so its arrays are not read once more.
     """
     say = progress or (lambda msg: None)
     out_dir = os.fspath(out_dir)
     check_shard_folder(out_dir, what)                        # before any work
-    graph.validate()
+    if not validated:
+        graph.validate()
     if builder is None:
         say("normalisation sums and halos (passes over the structure)")
         builder = ShardBuilder(graph, partition, norms, jobs=jobs, progress=say)
@@ -158,7 +161,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         elif TMP_FILE_RE.match(entry):
             os.remove(os.path.join(out_dir, entry))
     run_id = uuid.uuid4().hex
-    fingerprint = graph.fingerprint()
+    fingerprint = stored_fingerprint(graph) or graph.fingerprint()  # a cache's: no re-hash
     P = partition.num_parts
     if os.path.exists(os.path.join(out_dir, GRID_DIR)):  # grid rows of an older gnnpar
         shutil.rmtree(os.path.join(out_dir, GRID_DIR))

@@ -147,3 +147,19 @@ def test_kaminpar_reads_the_32_bit_file_as_the_64_bit_one(tmp_path, balance):
         owners.append(np.asarray(solver.compute_partition(kg, 4, 0.03)))
     assert owners[0].size == g.num_nodes and np.array_equal(owners[0], owners[1])
     assert os.path.getsize(tmp_path / "g32.parhip") < os.path.getsize(tmp_path / "g64.parhip")
+
+
+def test_symmetry_check_without_a_transpose():
+    from gnnpar.partitioners.csr_rows import is_symmetric_canonical
+    import scipy.sparse as sp
+    for directed in (False, True):
+        for seed in range(3):
+            g = random_graph(n=120, avg_deg=4, seed=seed, directed=directed, self_loops=True)
+            a = sp.csr_matrix((np.ones(g.num_edges), g.indices, g.indptr), shape=(120, 120))
+            want = (a != a.T).nnz == 0
+            assert is_symmetric_canonical(np.asarray(g.indptr), np.asarray(g.indices)) == want
+    # a directed cycle: every in-degree equals the out-degree, yet no edge has its mirror
+    n = 5
+    indptr, indices = np.arange(n + 1), (np.arange(n) + 1) % n
+    assert not is_symmetric_canonical(indptr, indices)
+    assert is_symmetric_canonical(np.arange(n + 1), np.arange(n))  # loops only
