@@ -44,6 +44,7 @@ from gnnpar.datasets.normalize import KINDS
 
 from .csr_rows import is_canonical
 from .part_pool import map_parts
+from .node_stream import release
 from .partition import Partition
 from .shard_kernels import kernels
 
@@ -149,11 +150,13 @@ class ShardBuilder:
         del deg
         t0 = time.perf_counter()
         self._degrees()
+        self.release()
         say(f"normalisation sums of {n:,} vertices ({time.perf_counter() - t0:.1f} s)")
         self.owner = partition.owner
         self.local_id = partition.local_index()
         t0 = time.perf_counter()
         self._halos()
+        self.release()
         say(f"halos of {self.parts} parts: {int(sum(h.size for h in self.halo_ids)):,} rows "
             f"({time.perf_counter() - t0:.1f} s)")
 
@@ -188,6 +191,12 @@ class ShardBuilder:
         self.rinv = np.divide(1.0, np.sqrt(rowsum_gcn), out=np.zeros(n), where=rowsum_gcn > 0)
         self.cinv = np.divide(1.0, np.sqrt(colsum_gcn), out=np.zeros(n), where=colsum_gcn > 0)
         self.inv = np.divide(1.0, rowsum_raw, out=np.zeros(n), where=rowsum_raw != 0)
+
+    def release(self) -> None:
+        """Hand the graph's mapped structure pages back to the page cache after a pass, so a
+        pass over a memory-mapped graph does not leave all of it in the resident set."""
+        for arr in (self.indptr, self.indices, self.weight):
+            release(arr)
 
     def _halos(self) -> None:
         results = map_parts(self, ShardBuilder.halo_of, range(self.parts), self.jobs,

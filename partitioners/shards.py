@@ -62,7 +62,7 @@ from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.cache import stored_fingerprint
 
 from .partition import Partition
-from .node_stream import release, write_node_arrays
+from .node_stream import write_node_arrays
 from .part_pool import map_parts
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards, kernels  # noqa: F401
 from .shard_check import validate_shard
@@ -171,7 +171,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         arrays = plan.structure(rank)
         for rel, arr in _structure_files(arrays).items():
             np.save(os.path.join(tmps[rank], rel), np.ascontiguousarray(arr))
-        release(graph.indices)
+        plan.release()
         say(f"rows of part {rank + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
             f"{arrays['halo_ids'].shape[0]:,} halo rows")
         return {"n_local": int(arrays["global_ids"].shape[0]),
