@@ -64,10 +64,12 @@ def as_tensor(a, dtype, device=None) -> torch.Tensor:
     return torch.from_numpy(arr).to(device)
 
 
-def csr_tensor(indptr, indices, values, shape, device=None) -> torch.Tensor:
-    """A torch sparse CSR tensor from numpy/torch arrays (int64 indices, float32 values)."""
-    crow = as_tensor(indptr, np.int64)
-    col = as_tensor(indices, np.int64)
+def csr_tensor(indptr, indices, values, shape, device=None, index_dtype=np.int64
+               ) -> torch.Tensor:
+    """A torch sparse CSR tensor from numpy/torch arrays (``index_dtype`` indices, int64
+    unless told, float32 values)."""
+    crow = as_tensor(indptr, index_dtype)
+    col = as_tensor(indices, index_dtype)
     val = as_tensor(values, np.float32)
     return torch.sparse_csr_tensor(crow, col, val, size=tuple(shape), device=device,
                                    check_invariants=False)

@@ -10,6 +10,12 @@ to rank q (``global_ids[send_local[group q]]``) must be, in order, q's halo rows
 segments for this rank: as many ids as the rank sends in one exchange. A peer folder that is
 not there is skipped (that rank's own load refuses it; or this rank's disk holds only its own
 part).
+
+The checks read every page of a memory-mapped shard, and a page read stays in the process's
+resident set: they hand the pages back as they go (:func:`release` after each chunk, and
+every array at the end), so validating costs a chunk, not the shard, and only what the run
+then reads is resident again (a GCN run never reads ``values_mean``, ``raw_weight`` or
+``orig_edge``).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import numpy as np
 
 from gnnpar.datasets import InputError
 
+from .node_stream import release
 from .shard_build import NODE_ARRAYS
 from .shard_folder import MANIFEST
 
@@ -27,11 +34,13 @@ CHECK_ELEMS = 1 << 22  # elements per chunk when validating a loaded array
 
 
 def _row_chunks(a: np.ndarray):
-    """``a`` in slices along its first axis of about ``CHECK_ELEMS`` elements each."""
+    """``a`` in slices along its first axis of about ``CHECK_ELEMS`` elements each; the
+    pages of a memory-mapped ``a`` are handed back after each (module docstring)."""
     width = int(np.prod(a.shape[1:])) if a.ndim > 1 else 1
     step = max(1, CHECK_ELEMS // max(width, 1))
     for start in range(0, a.shape[0], step):
         yield start, np.asarray(a[start:start + step])
+        release(a)
 
 
 class Checker:
@@ -117,6 +126,8 @@ def validate_shard(folder: str, meta: dict, manifest: dict, arr: dict) -> None:
     ck.in_range("y.npy", ck.array("y.npy", arr["y"], (n_local,), "int"), 0, C, "label")
     for name in ("train_mask", "val_mask", "test_mask"):
         ck.array(f"{name}.npy", arr[name], (n_local,), "bool")
+    for a in arr.values():  # the pages the checks read (module docstring)
+        release(a)
 
 
 def _peer_array(ck: Checker, peer: str, name: str, run_id) -> np.ndarray:
