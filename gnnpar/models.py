@@ -35,13 +35,15 @@ Example: a custom GNN (scripts/custom_gnn.py has a runnable version)::
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
+from .dropout import _check, _seed, _units  # the fused SAGE layer draws its mask as they do
+from .kernels import sage_fused
 
 
 class GCNLayer(nn.Module):
@@ -74,6 +76,20 @@ class SAGELayer(nn.Module):
     """GraphSAGE layer, mean aggregation (Hamilton et al. 2017):
     Z = (D⁻¹A·H)·W_neigh + H_dst·W_root + b.
 
+    On a local CSR operator on the CPU in float32 with autocast off
+    (:func:`gnnpar.kernels.sage_fused.usable`: a sampled block's operator, or the serial
+    runtime's) the layer is one autograd Function (:mod:`gnnpar.kernels.sage_fused`): the
+    root term accumulated into Z in place, no zeros + copy for ``H[:num_dst]``'s gradient,
+    and, given ``act``, the ReLU + dropout that follow in place on Z with the masks of
+    :func:`gnnpar.dropout.relu_dropout`. The same products as the unfused layer; only the
+    root term's accumulation order differs (last bits). Everything else runs the unfused
+    layer.
+
+    ``forward(op, h, act=None)``: ``act = (p, training)`` ends the layer with
+    ``relu_dropout(·, p, training)`` (what :class:`GNN` does after a hidden layer; it passes
+    ``act`` only where the fused path runs, so a forward hook on a hidden layer then sees
+    the activated output).
+
     Shapes: H (num_src, f_in) → Z (num_dst, f_out); H_dst = H[:num_dst].
     """
 
@@ -92,15 +108,41 @@ class SAGELayer(nn.Module):
         """Z without the bias (see :meth:`GCNLayer.unbiased`)."""
         return self._neigh(op, h, None) + self.lin_root(h[:op.num_dst])
 
-    def forward(self, op, h: torch.Tensor) -> torch.Tensor:
-        return self._neigh(op, h, self.bias) + self.lin_root(h[:op.num_dst])
+    def fused(self, op, h: torch.Tensor) -> bool:
+        """Whether ``self(op, h)`` runs as one fused Function (see the class docstring)."""
+        return sage_fused.usable(op, h, self.lin_neigh.weight, self.lin_root.weight,
+                                 self.bias)
+
+    def forward(self, op, h: torch.Tensor, act: Optional[Tuple[float, bool]] = None
+                ) -> torch.Tensor:
+        if self.fused(op, h):
+            epilogue = None if act is None else _epilogue(*act)
+            return sage_fused.sage_block(op, h, self.lin_neigh.weight, self.lin_root.weight,
+                                         self.bias, epilogue, self._aggregates_first(op))
+        z = self._neigh(op, h, self.bias) + self.lin_root(h[:op.num_dst])
+        return z if act is None else relu_dropout(z, *act)
+
+    def _aggregates_first(self, op) -> bool:
+        """Whether the neighbour product is (D⁻¹A·H)·W_neigh (else D⁻¹A·(H·W_neigh)): the
+        SpMM at the narrower width. Both paths follow it."""
+        return self.lin_neigh.in_features <= self.lin_neigh.out_features
 
     def _neigh(self, op, h: torch.Tensor, bias) -> torch.Tensor:
         """(D⁻¹A·H)·W_neigh (+ ``bias`` unless None), the SpMM at the narrower width."""
         w = self.lin_neigh.weight
-        if self.lin_neigh.in_features <= self.lin_neigh.out_features:
+        if self._aggregates_first(op):
             return F.linear(op(h), w, bias)
         return add_bias(op(h @ w.t()), bias)
+
+
+def _epilogue(p: float, training: bool) -> sage_fused.Epilogue:
+    """The fused layer's epilogue for ``relu_dropout(·, p, training)``: ReLU alone, or ReLU
+    and dropout with a seed drawn here — one draw, where :func:`relu_dropout` would draw it
+    (nothing between the two points draws), rounded as it rounds p, so the same mask."""
+    if not training or p == 0.0:
+        return sage_fused.RELU
+    _check(p)
+    return (_seed(), *_units(p))
 
 
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}
@@ -111,7 +153,9 @@ Ops = Union[object, Sequence[object]]
 class GNN(nn.Module):
     """A stack of layers with ReLU and dropout between them (where one GPU pass can do it, the
     bias add of a layer with ``unbiased`` and ``bias`` joins them:
-    :func:`gnnpar.dropout.fuses_bias`; elsewhere each layer adds its own bias, as always).
+    :func:`gnnpar.dropout.fuses_bias`; where a SAGE layer runs fused on the CPU,
+    :meth:`SAGELayer.fused`, the layer does them itself; elsewhere each layer adds its own
+    bias, as always).
 
     ``forward(ops, x)``: ``ops`` is one operator used by every layer (full batch) or a list with
     one operator per layer (mini-batch blocks, outermost first).
@@ -143,6 +187,9 @@ class GNN(nn.Module):
                 # the bias add, ReLU and the next layer's input dropout in one GPU pass
                 h = bias_relu_dropout(layer.unbiased(op, h), layer.bias, self.dropout,
                                       self.training)
+            elif isinstance(layer, SAGELayer) and layer.fused(op, h):
+                # the layer, ReLU and the next layer's input dropout in one CPU Function
+                h = layer(op, h, (self.dropout, self.training))
             else:  # ReLU, then the next layer's input dropout: one pass on CPUs
                 h = relu_dropout(layer(op, h), self.dropout, self.training)
         return h

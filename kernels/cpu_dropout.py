@@ -24,11 +24,12 @@ Shapes: tensors of one shape (bf16/fp16 through a float32 copy, returned in thei
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import numpy as np
 import torch
 
-from .cpu_spmm import available, pool_threads, run_parallel
+from .cpu_spmm import available, pool_threads, run_parallel, written
 
 #: elements per parallel chunk (a multiple of 4: one hash serves four elements)
 CHUNK = 1 << 16
@@ -104,20 +105,32 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: int,
-                 scale: float, relu: bool) -> torch.Tensor:
+                 scale: float, relu: bool, out: Optional[torch.Tensor] = None
+                 ) -> torch.Tensor:
     """``src·scale`` where the element is kept (and, with ``relu``, ``cond`` is not ≤ 0:
     positive or NaN), else 0, by a select.
 
     Forward: ``src = cond = x``. Backward: ``src`` = the gradient, ``cond`` = the forward's
-    output (not ≤ 0 exactly where ReLU passed and dropout kept)."""
+    output (not ≤ 0 exactly where ReLU passed and dropout kept).
+
+    ``out``: a contiguous float32 tensor shaped like ``src`` to write into and return (its
+    version bumped); it may be ``src`` and ``cond`` themselves (one element's result depends
+    on that element alone, read before it is written), so ``masked_scale(z, z, …, out=z)``
+    is the pass in place, with the same mask as a fresh output."""
     dtype = src.dtype
     src = src.detach().float().contiguous()
     cond = cond.detach().float().contiguous()
-    out = torch.empty_like(src)
+    given = out is not None
+    if given:
+        if (out.dtype != torch.float32 or out.shape != src.shape or not out.is_contiguous()
+                or out.device.type != "cpu"):
+            raise ValueError("out must be a contiguous float32 CPU tensor shaped like src")
+    else:
+        out = torch.empty_like(src)
     if src.numel() == 0:
-        return out.to(dtype)
+        return out if given else out.to(dtype)
     numba, kernel = _compiled()
     run_parallel(numba, pool_threads(numba), kernel, src.view(-1).numpy(),
-                 cond.view(-1).numpy(), out.view(-1).numpy(), np.uint64(seed),
+                 cond.view(-1).numpy(), out.detach().view(-1).numpy(), np.uint64(seed),
                  np.uint64(drop_units), np.float32(scale), bool(relu))
-    return out.to(dtype)
+    return written(out) if given else out.to(dtype)
