@@ -40,7 +40,12 @@ from .watchdog import EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog
 
 
 def launch(spec: RunSpec) -> dict:
-    """Run ``spec`` to the end; returns the final record (rank 0's when there are ranks)."""
+    """Run ``spec`` to the end; returns the final record (rank 0's when there are ranks).
+
+    ``--threads T`` is each rank's budget: its trainer's torch threads and compiled SpMM pool
+    (this process serially, every ``--nprocs`` rank alike; without it a rank gets cores /
+    ranks). A mini-batch run's sampler threads come on top at the lowest OS priority on the
+    CPU (:mod:`gnnpar.sampling.service`), using what the trainer leaves idle."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
     size_pool(torch.get_num_threads())  # a launcher's rank: its share, not every core
@@ -129,7 +134,7 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dic
         try:
             source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
             return spawn(_spawned, spec.nprocs, args=(spec, source), backend=spec.backend,
-                         timeout_s=spec.timeout, dynamo_first=True)[0]
+                         timeout_s=spec.timeout, threads=spec.threads, dynamo_first=True)[0]
         except SpawnError as e:
             if e.failure.kind == "input":
                 raise InputError(e.failure.message) from None

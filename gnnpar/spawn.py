@@ -106,6 +106,15 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
         raise SystemExit(1)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s
+    share), else every core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _beat(beats, rank: int, every_s: float) -> None:
     """The heartbeat thread of a rank: bump its counter in memory shared with the parent.
 
@@ -131,7 +140,8 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
           dynamo_first: bool = False) -> List[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``nprocs`` ranks; return each rank's result.
 
-    ``fn`` must be importable (module level). ``threads`` defaults to cores // nprocs (≥ 1).
+    ``fn`` must be importable (module level). ``threads``: each rank's torch threads and
+    compiled SpMM pool; default the cores this process may run on // nprocs (≥ 1).
     ``timeout_s``: how long a collective may wait (the process group's timeout) and how long
     a rank's heartbeat may be silent before the rank is reported lost; the run itself has no
     deadline (see :class:`_Collector`). ``dynamo_first``: ``fn`` builds a torch optimizer
@@ -146,7 +156,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
-    threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
+    threads = threads or max(1, usable_cores() // nprocs)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     beats = ctx.RawArray("Q", nprocs)  # one heartbeat counter per rank

@@ -39,22 +39,27 @@ Measures (``--measures``):
   round; the first epoch of each round is a warm-up, the figure is the median of the
   others. Both sides get ``--train-threads`` threads in all (default 2):
 
-  - gnnpar: a plain ``gnnpar-train --mode minibatch --model sage --layers 3 --hidden 256
-    --fanouts 15,10,5 --batch-size 1024 --dropout 0.5 --device cpu`` process per round on the
-    same graph (built from the same spec, through a dataset cache in the temporary folder),
-    with ``--sampler-workers W`` (``--train-sampler-workers``, default 1: one sampler thread
-    that samples, gathers the input features and builds the blocks of the next minibatches
-    while the trainer steps) and ``--threads T - W`` (the trainer's torch ops and compiled
-    SpMM: 1 thread by default); ``--gnnpar-flags`` adds flags (e.g. ``--macrobatch 4``; the
-    CLI's defaults otherwise: macrobatch 1, prefetch 2). The epoch time is the log's
-    ``train_s`` (steps only). What differs: ``gnnpar-train`` has no flag to skip evaluation,
-    so after each epoch it evaluates (full-graph inference, not in ``train_s``), and during
-    that evaluation its sampler thread already prepares up to ``--prefetch`` macrobatches of
-    the next epoch, which that epoch then finds ready. The report bounds that head start
-    per epoch by the epoch's ``sampler_s`` × min(1, prefetch·K / steps) and gives the ratio
-    with the bound added to gnnpar's time. gnnpar splits the seeds into
-    ceil(seeds / batch) minibatches of equal size, DGL into full batches and a smaller last
-    one: the same step count.
+  - gnnpar: the plain command a user would type, ``gnnpar-train --mode minibatch --model sage
+    --layers 3 --hidden 256 --fanouts 15,10,5 --batch-size 1024 --dropout 0.5 --device cpu
+    --threads T``, one process per round on the same graph (built from the same spec,
+    through a dataset cache in the temporary folder). ``--threads T`` is the rank's budget:
+    the trainer's torch ops and compiled SpMM run on T threads; the sampler thread (the
+    CLI's default ``--sampler-workers 1``: it samples, gathers the input features and builds
+    the blocks of the next minibatches while the trainer steps) runs beside it at the lowest
+    OS priority, on the cycles the trainer leaves idle (``gnnpar.sampling.service``).
+    ``--train-sampler-workers W`` passes ``--sampler-workers W`` (not passed by default);
+    ``--gnnpar-flags`` adds flags (e.g. ``--macrobatch 4``; the CLI's defaults otherwise:
+    macrobatch 1, prefetch 2). Both sides' processes start from the caller's environment
+    plus ``OMP_NUM_THREADS=T``; gnnpar-train adds its own OpenMP default (``GOMP_SPINCOUNT``,
+    ``gnnpar/__init__.py``) as it does for any user, the DGL side runs with none. The epoch
+    time is the log's ``train_s`` (steps only). What differs: ``gnnpar-train`` has no flag
+    to skip evaluation, so after each epoch it evaluates (full-graph inference, not in
+    ``train_s``), and during that evaluation its sampler thread already prepares up to
+    ``--prefetch`` macrobatches of the next epoch, which that epoch then finds ready. The
+    report bounds that head start per epoch by the epoch's ``sampler_s`` × min(1,
+    prefetch·K / steps) and gives the ratio with the bound added to gnnpar's time. gnnpar
+    splits the seeds into ceil(seeds / batch) minibatches of equal size, DGL into full
+    batches and a smaller last one: the same step count.
   - DGL: its own loop in the side venv (``bench_dgl_side.py``'s ``train``): ``NeighborSampler``
     + ``DataLoader`` with ``num_workers=0``, so sampling and training take turns in one thread
     of control; both use the T threads (DGL's OpenMP pool for sampling, T torch threads for
@@ -70,8 +75,8 @@ Mind the load average, printed at start and end (and per round for ``train``): w
 runnable threads than cores, work split over an OpenMP pool stalls at every barrier: DGL's
 multi-threaded sampling (fused or not) and any op on 2 torch threads, DGL's training step
 included, run many times slower. Such a load inflates the 2-thread sampling ratios and the
-training-epoch ratio (gnnpar's trainer runs on one torch thread); the 1-thread ones suffer
-far less. Take figures of record on an otherwise idle machine.
+training-epoch ratio (both sides' training steps run on T torch threads); the 1-thread ones
+suffer far less. Take figures of record on an otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -84,8 +89,13 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
+#: the environment as the user gave it, before gnnpar's import adds its own defaults
+#: (``GOMP_SPINCOUNT``, :mod:`gnnpar`): each side's process starts from this, so the DGL side
+#: runs as its users run it and gnnpar-train sets its own, as a user's command would
+USER_ENV = dict(os.environ)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -180,17 +190,12 @@ class GnnparSide:
     def train(self, epochs, threads, workers, extra):
         """One ``gnnpar-train`` process of ``epochs`` mini-batch epochs; each epoch's
         ``train_s`` from its ``--log-json``."""
-        a = self.args
         log = os.path.join(self.tmp, "gnnpar-train.jsonl")
-        cmd = [sys.executable, "-m", "gnnpar.train", "--mode", "minibatch", "--dataset",
-               self.spec, "--cache-dir", self.cache, "--model", "sage", "--layers",
-               str(len(a.fanouts)), "--hidden", str(TRAIN_HIDDEN), "--fanouts",
-               ",".join(map(str, a.fanouts)), "--batch-size", str(a.batch_size), "--dropout",
-               str(TRAIN_DROPOUT), "--epochs", str(epochs), "--device", "cpu", "--threads",
-               str(threads - workers), "--sampler-workers", str(workers), "--log-json", log,
-               "--quiet"] + extra
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads - workers), CUDA_VISIBLE_DEVICES="",
-                   PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get(
+        cmd = [sys.executable, "-m", "gnnpar.train"] + train_flags(
+            self.spec, self.args, epochs, threads, workers, extra) + [
+            "--cache-dir", self.cache, "--log-json", log, "--quiet"]
+        env = dict(USER_ENV, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="",
+                   PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [USER_ENV.get(
                        "PYTHONPATH")] if p]))
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if res.returncode != 0:
@@ -208,6 +213,17 @@ class GnnparSide:
                 "cmd": " ".join(cmd[1:])}
 
 
+def train_flags(spec, a, epochs, threads, workers, extra) -> list:
+    """The ``gnnpar-train`` flags of the ``train`` measure (module docstring): the plain
+    command, ``--threads T``, ``--sampler-workers`` only when ``workers`` is given."""
+    return (["--mode", "minibatch", "--dataset", spec, "--model", "sage", "--layers",
+             str(len(a.fanouts)), "--hidden", str(TRAIN_HIDDEN), "--fanouts",
+             ",".join(map(str, a.fanouts)), "--batch-size", str(a.batch_size), "--dropout",
+             str(TRAIN_DROPOUT), "--epochs", str(epochs), "--device", "cpu", "--threads",
+             str(threads)] + ([] if workers is None else ["--sampler-workers", str(workers)])
+            + list(extra))
+
+
 def flag_value(flags, name, default) -> int:
     """The integer value of ``name`` in a gnnpar-train argument list, else ``default``."""
     for i, f in enumerate(flags):
@@ -221,7 +237,7 @@ def flag_value(flags, name, default) -> int:
 # ---------------------------------------------------------------- DGL side (subprocess)
 class DglSide:
     def __init__(self, venv, npz, threads):
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="",
+        env = dict(USER_ENV, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="",
                    DGLBACKEND="pytorch")
         self.proc = subprocess.Popen([os.path.join(venv, "bin", "python"), SIDE, npz], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -376,9 +392,11 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=5,
                    help="train: epochs per round and side; the first is a warm-up")
     p.add_argument("--train-threads", type=int, default=2,
-                   help="train: threads in all on each side (gnnpar: trainer + samplers)")
-    p.add_argument("--train-sampler-workers", type=int, default=1,
-                   help="train: gnnpar's sampler threads out of --train-threads")
+                   help="train: threads on each side (gnnpar: --threads, its sampler thread "
+                        "beside it at the lowest priority)")
+    p.add_argument("--train-sampler-workers", type=int, default=None,
+                   help="train: pass --sampler-workers W to gnnpar-train (default: not "
+                        "passed, the CLI's default)")
     p.add_argument("--gnnpar-flags", default="",
                    help="train: more gnnpar-train flags, space-separated (e.g. "
                         "'--macrobatch 4'); they change only gnnpar's side")
@@ -392,8 +410,10 @@ def main(argv=None) -> int:
     if args.measures - set(MEASURES):
         p.error(f"unknown measures {sorted(args.measures - set(MEASURES))}")
     if "train" in args.measures and not (
-            0 < args.train_sampler_workers < args.train_threads and args.epochs >= 1):
-        p.error("train needs 0 < --train-sampler-workers < --train-threads and --epochs >= 1")
+            args.train_threads >= 1 and args.epochs >= 1
+            and (args.train_sampler_workers is None or args.train_sampler_workers >= 1)):
+        p.error("train needs --train-threads >= 1, --train-sampler-workers >= 1 and "
+                "--epochs >= 1")
     if not {"sample", "gather"} & args.measures:
         args.sample_scales = []
     rows = plan(args)
@@ -408,7 +428,11 @@ def main(argv=None) -> int:
                   f"{args.venv}/bin/python {os.path.relpath(SIDE)} TMP/graph-s{s}.npz")
         for r in range(args.rounds):
             for key, label, s, (fn, kw), req in rows:
-                print(f"round {r}: {label}: gnnpar {fn}({kw}) then DGL s{s} {json.dumps(req)}")
+                what = f"gnnpar {fn}({kw})"
+                if fn == "train":
+                    flags = train_flags(f"rmat:scale={s},ef={args.ef}", args, **kw)
+                    what = "gnnpar-train " + " ".join(flags)
+                print(f"round {r}: {label}: {what} then DGL s{s} {json.dumps(req)}")
         return 0
     if not have_venv:
         print(f"no DGL side venv at {args.venv}. Make it (torch 2.2.1 + dgl 2.1.0, a few GB, "

@@ -2,7 +2,10 @@
 
 A :class:`Block` is one layer's sampled Â: an ``n_dst × n_src`` CSR matrix whose source
 nodes start with its destination nodes (``src_ids[:n_dst] == dst_ids``, the convention of
-``gnnpar.kernels.local.SparseOperator`` and ``gnnpar.models``). A :class:`MiniBatch` holds one
+``gnnpar.kernels.local.SparseOperator`` and ``gnnpar.models``). Its operator
+(:meth:`Block.operator`, :func:`block_operators`) is a :class:`BlockOperator`: a
+SparseOperator whose Âᵀ comes from a compiled counting sort and may be deferred until a
+backward pass needs it (the input block's, usually never). A :class:`MiniBatch` holds one
 block per layer, outermost (input layer) first, so ``model([b.operator() for b in
 mb.blocks], x[mb.input_ids])`` gives the outputs of ``mb.seeds`` in order.
 
@@ -12,12 +15,15 @@ with replacement a neighbour drawn twice appears twice (its entries add up in th
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 
-from gnnpar.kernels.local import SparseOperator
+from gnnpar.kernels.csr_transpose import transpose_csr
+from gnnpar.kernels.local import SparseOperator, csr_tensor
 
 from . import fast
 from .topology import index_dtype
@@ -49,10 +55,13 @@ class Block:
     def nnz(self) -> int:
         return int(self.indices.shape[0])
 
-    def operator(self, device=None):
-        """The block as a :class:`~gnnpar.kernels.local.SparseOperator` (Â and Âᵀ as CSR)."""
-        return SparseOperator(self.indptr, self.indices, self.values,
-                              (self.num_dst, self.num_src), device)
+    def operator(self, device=None, transpose: bool = True,
+                 on_demand: Optional[Callable[[], None]] = None) -> "BlockOperator":
+        """The block as a :class:`BlockOperator` (Â and Âᵀ as CSR). ``transpose=False``
+        (host blocks on the host): Âᵀ is built when a backward pass first needs it, which
+        calls ``on_demand()`` first."""
+        return BlockOperator(self.indptr, self.indices, self.values,
+                             (self.num_dst, self.num_src), device, transpose, on_demand)
 
     def numpy(self) -> "Block":
         """The same block with numpy arrays (tests, debugging)."""
@@ -68,6 +77,73 @@ class Block:
                           shape=(self.num_dst, self.num_src))
         m.sum_duplicates()
         return m
+
+
+class BlockOperator(SparseOperator):
+    """A :class:`~gnnpar.kernels.local.SparseOperator` of a block whose Âᵀ may wait.
+
+    Host arrays on the host: Âᵀ comes from the compiled counting sort
+    (:func:`gnnpar.kernels.csr_transpose.transpose_csr`, the same arrays as the stable argsort),
+    built now with ``transpose=True``, else on first use of :attr:`AT` — a backward pass that
+    needs the input's gradient (``LocalSpMM`` skips Âᵀ when it does not: the input block's
+    features never need one unless the layer's weight is applied before the product), or a
+    move to a device. ``on_demand`` is called before a deferred Âᵀ is built. Tensors, or a
+    device other than the CPU: the parent's operator, as before.
+    """
+
+    def __init__(self, indptr, indices, values, shape, device=None, transpose: bool = True,
+                 on_demand: Optional[Callable[[], None]] = None):
+        self._AT, self._pending, self._on_demand = None, None, None
+        host = (not isinstance(indptr, torch.Tensor)
+                and (device is None or torch.device(device).type == "cpu"))
+        if not host:
+            super().__init__(indptr, indices, values, shape, device)
+            return
+        self.num_dst, self.num_src = int(shape[0]), int(shape[1])
+        self.nnz = int(np.asarray(indices).shape[0])
+        self.A = csr_tensor(indptr, indices, values, shape, device)
+        self.fwd_buffers = self.bwd_buffers = None
+        self._pending, self._on_demand = (indptr, indices, values), on_demand
+        if transpose:
+            self._build()
+
+    def _build(self) -> None:
+        indptr, indices, values = self._pending
+        self._AT = csr_tensor(*transpose_csr(indptr, indices, values,
+                                             (self.num_dst, self.num_src)),
+                              (self.num_src, self.num_dst), self.A.device)
+        self._pending = None
+
+    @property
+    def transposed(self) -> bool:
+        """Whether Âᵀ is built."""
+        return self._AT is not None
+
+    @property
+    def AT(self) -> torch.Tensor:  # noqa: N802 - the parent's attribute
+        if self._AT is None and self._pending is not None:
+            if self._on_demand is not None:
+                self._on_demand()
+            self._build()
+        return self._AT
+
+    @AT.setter
+    def AT(self, m: torch.Tensor) -> None:  # noqa: N802
+        self._AT, self._pending = m, None
+
+
+def block_operators(blocks: List[Block], device=None,
+                    transpose: Optional[Sequence[bool]] = None,
+                    on_demand: Optional[Callable[[int], None]] = None) -> list:
+    """The operators of one minibatch's blocks, input layer first. ``transpose[i]``: build
+    block i's Âᵀ now (default: every block but the input block, whose features need no
+    gradient in the built-in models); a deferred one calls ``on_demand(i)`` when it is built
+    (see :class:`BlockOperator`)."""
+    if transpose is None:
+        transpose = [i > 0 for i in range(len(blocks))]
+    return [b.operator(device, bool(t), None if on_demand is None else
+                       functools.partial(on_demand, i))
+            for i, (b, t) in enumerate(zip(blocks, transpose))]
 
 
 @dataclass

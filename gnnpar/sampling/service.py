@@ -13,6 +13,11 @@ tasks w, w+W, w+2W, … and for each one
 3. copies the K minibatches' input features out of that table in one pass in row order
    (:meth:`~gnnpar.sampling.features.MacroFeatures.gather_all`, :mod:`.row_gather`) and
    assembles ready minibatches: SpMM operators of the blocks, input features, seed labels.
+   A block's Âᵀ (the backward product's operator) is built here too, except the input
+   block's: its features need no gradient unless the model applies a weight before the
+   product, so it is deferred to the first backward pass that asks for it
+   (:class:`~gnnpar.sampling.blocks.BlockOperator`), and once one has, the workers build it
+   for every later minibatch.
 
 Task t may start only once the trainer has taken task t − D (``--prefetch D``), so at most
 D macrobatches wait ready and memory stays bounded; the trainer takes tasks in order, and
@@ -24,6 +29,16 @@ Threads, not processes: the samplers are numpy/torch code that releases the GIL 
 array passes, the topology and features are shared without copies, and the collectives stay
 in this process's groups.
 
+One thread budget on a CPU run: ``--threads T`` is what the trainer's torch ops (and its
+compiled SpMM) get; the workers come on top, but each lowers its own OS priority
+(``ServiceConfig.nice``, 19 unless told: :func:`lower_thread_priority`), so they run on the
+cycles the trainer leaves idle — its single-threaded stretches (Python, autograd, small
+ops) and the waits of its OpenMP threads, which :mod:`gnnpar` keeps from spinning long
+(``GOMP_SPINCOUNT``) — while the trainer's GEMMs keep whole cores. A worker never changes
+torch's thread count (that is per process). When the trainer has to wait for a macrobatch,
+its cores are idle and the workers get them at once (``stall_s``). On a GPU the workers keep
+their priority: there they feed the device, and the trainer mostly waits on it.
+
 On a GPU (``--device cuda``) the same workers feed the device without stopping it: with
 ``sampler="device"`` a macrobatch is sampled by torch kernels on the device
 (:mod:`.device_sampler`); with features on the device (``--features-on device``) its
@@ -34,6 +49,8 @@ each macrobatch itself when it needs it, copies block; the blocks are the same.
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -44,7 +61,7 @@ import torch
 
 from gnnpar.datasets import InputError
 
-from .blocks import Block, Relabeler
+from .blocks import Block, Relabeler, block_operators
 from .bulk import BulkSampler
 from .device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
 from .draws import DRAWS
@@ -65,7 +82,10 @@ class ServiceConfig:
     sampler: ``host`` (numpy samplers) or ``device`` (:mod:`.device_sampler` on ``device``);
     draws: the device sampler's uniforms (:mod:`.draws`: ``hash`` made on the device, ``pcg``
     = the host samplers' draws, same blocks as ``host``); inline: no threads, the trainer
-    samples each macrobatch when it needs it (the plain reference of the pipeline)."""
+    samples each macrobatch when it needs it (the plain reference of the pipeline); nice:
+    on a CPU run, each worker thread lowers its own OS priority to this niceness, 0-19
+    (default 19, the lowest; 0 leaves it as the trainer's; Linux only, see the module
+    docstring)."""
 
     macrobatch: int = 1
     workers: int = 1
@@ -76,6 +96,7 @@ class ServiceConfig:
     sampler: str = "host"
     draws: str = "hash"
     inline: bool = False
+    nice: int = 19
 
     def __post_init__(self):
         if self.sampler not in SAMPLER_SITES:
@@ -86,6 +107,8 @@ class ServiceConfig:
                            ("prefetch", "--prefetch")):
             if getattr(self, name) < 1:
                 raise InputError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.nice <= 19:
+            raise InputError(f"sampler niceness must be in 0..19, got {self.nice}")
 
 
 @dataclass
@@ -175,6 +198,8 @@ class MacrobatchService:
         self._threads: List[threading.Thread] = []
         self._next = 0
         self.start_epoch = self.end_epoch = 0
+        #: layers whose deferred Âᵀ a step has needed: built by the workers from then on
+        self._transposes_needed: set = set()
 
     # ------------------------------------------------------------------ trainer side
     def start(self, start_epoch: int, end_epoch: int) -> "MacrobatchService":
@@ -234,6 +259,8 @@ class MacrobatchService:
     # ------------------------------------------------------------------ worker side
     def _work(self, w: int, total: int) -> None:
         sh = self._shared
+        if self.device.type == "cpu":
+            lower_thread_priority(self.cfg.nice)
         stager = Stager(self.device)
         with stager.context():  # its scratch arrays are made on the stream that uses them
             relabel = self._relabeler()
@@ -332,9 +359,29 @@ class MacrobatchService:
         training device, through ``stager``)."""
         st = self.store
         y = self.labels[torch.from_numpy(st.local_index[seeds].astype(np.int64))]
-        ops = [stager.operator_to_device(b.operator()) for b in blocks]
+        ops = [stager.operator_to_device(op) for op in block_operators(
+            blocks, transpose=[i > 0 or i in self._transposes_needed
+                               for i in range(len(blocks))],
+            on_demand=self._transposes_needed.add)]
         return ReadyBatch(epoch, step, seeds, blocks, ops,
                           stager.to_device(x), stager.to_device(y))
+
+
+def lower_thread_priority(nice: int) -> bool:
+    """Give the calling thread (alone) OS niceness ``nice`` (Linux: a thread is a task of its
+    own to ``setpriority``); whether it was set. Never raises: elsewhere, or where the call is
+    refused, the thread keeps its priority. A thread cannot raise its priority back without
+    privileges, so only sampler workers, which end with the service, call this."""
+    if nice <= 0 or not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return False
+    try:
+        tid = threading.get_native_id()
+        if os.getpriority(os.PRIO_PROCESS, tid) >= nice:
+            return False  # already as low (a niced run)
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 @dataclass

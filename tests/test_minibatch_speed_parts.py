@@ -1,0 +1,315 @@
+"""Parts of the mini-batch CPU speed work (issue 25): the compiled CSR transpose (the same
+arrays as the stable argsort), sampled blocks' deferred Âᵀ, the product-order cost rule, the
+thread budget (sampler priority, OpenMP spin default, ``--threads`` per spawned rank), fused
+Adam, and the mini-batch profile script."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from gnnpar.kernels import csr_transpose
+from gnnpar.kernels.csr_transpose import transpose_csr, transpose_csr_numpy
+from gnnpar.kernels.local import SparseOperator
+from gnnpar.models import GNN
+from gnnpar.product_order import aggregate_first, aggregate_first_op, product_costs
+from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
+                             SamplerConfig, ServiceConfig, Topology, batch_rng)
+from gnnpar.sampling.blocks import BlockOperator, block_operators
+from gnnpar.sampling.loop import DataParallel, train_step
+from gnnpar.sampling.service import SamplingStats, lower_thread_priority
+from gnnpar.trainer import TrainConfig, make_optimizer
+
+from .graphs import random_graph
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_numba = pytest.mark.skipif(not csr_transpose.available(), reason="numba not installed")
+
+
+def random_csr(rng, n_dst, n_src, nnz, idx_dtype, val_dtype=np.float32):
+    """A CSR with empty rows (and, mostly, empty columns) and repeated columns in a row."""
+    rows = np.sort(rng.integers(0, max(n_dst, 1), nnz)) if n_dst else np.zeros(0, np.int64)
+    counts = np.bincount(rows, minlength=n_dst)[:n_dst] if n_dst else np.zeros(0, np.int64)
+    indptr = np.zeros(n_dst + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    indices = rng.integers(0, max(n_src, 1), int(indptr[-1])).astype(idx_dtype)
+    values = rng.standard_normal(int(indptr[-1])).astype(val_dtype)
+    return indptr, indices, values
+
+
+SHAPES = [(0, 0, 0), (0, 5, 0), (5, 0, 0), (1, 1, 1), (7, 3, 0), (30, 50, 200), (200, 40, 900),
+          (1000, 3000, 15000), (50, 50, 5)]
+
+
+@needs_numba
+@pytest.mark.parametrize("idx_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("val_dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_compiled_transpose_equals_stable_argsort(shape, idx_dtype, val_dtype):
+    n_dst, n_src, nnz = shape
+    rng = np.random.default_rng(sum(shape))
+    indptr, indices, values = random_csr(rng, n_dst, n_src, nnz if n_src else 0, idx_dtype,
+                                         val_dtype)
+    ref = transpose_csr_numpy(indptr, indices, values, (n_dst, n_src))
+    got = transpose_csr(indptr, indices, values, (n_dst, n_src))
+    for a, b in zip(ref, got):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    assert got[0].dtype == np.int64 and got[1].dtype == np.int64
+    assert got[2].dtype == np.dtype(val_dtype)
+
+
+def test_transpose_switches_to_numpy(monkeypatch):
+    rng = np.random.default_rng(0)
+    indptr, indices, values = random_csr(rng, 20, 30, 100, np.int64)
+    monkeypatch.setenv(csr_transpose.ENV, "numpy")
+    assert not csr_transpose.available()
+    got = transpose_csr(indptr, indices, values, (20, 30))
+    ref = transpose_csr_numpy(indptr, indices, values, (20, 30))
+    assert all(np.array_equal(a, b) for a, b in zip(ref, got))
+
+
+def _blocks(seed=0, fanouts=(4, 3)):
+    graph = random_graph(120, 6, f=5, seed=seed)
+    topo = Topology.from_graph(graph, ("mean",))
+    blocks = BulkSampler(topo, SamplerConfig(fanouts, "mean")).sample(
+        [np.arange(10)], [batch_rng(0, 0, 0, 0)])[0]
+    return graph, blocks
+
+
+def test_block_operator_defers_the_transpose_and_builds_the_same():
+    _, blocks = _blocks()
+    calls = []
+    for b in blocks:
+        eager = b.operator()
+        ref = SparseOperator(b.indptr, b.indices, b.values, (b.num_dst, b.num_src))
+        assert isinstance(eager, BlockOperator) and eager.transposed
+        lazy = b.operator(transpose=False, on_demand=lambda: calls.append(1))
+        assert not lazy.transposed and calls == []
+        h = torch.randn(b.num_src, 3)
+        assert torch.equal(lazy(h), ref(h))  # the forward product needs no transpose
+        assert not lazy.transposed
+        w = torch.ones(3, requires_grad=True)
+        (lazy(h) * w).sum().backward()  # h needs no gradient: Âᵀ stays unbuilt
+        assert not lazy.transposed and calls == []
+        hs = [h.clone().requires_grad_() for _ in range(3)]
+        for op, hh in zip((ref, eager, lazy), hs):
+            (op(hh) * torch.arange(b.num_dst, dtype=torch.float32)[:, None]).sum().backward()
+        assert torch.equal(hs[0].grad, hs[1].grad) and torch.equal(hs[0].grad, hs[2].grad)
+        assert lazy.transposed and len(calls) == 1
+        for op in (eager, lazy):
+            for name in ("crow_indices", "col_indices", "values"):
+                assert torch.equal(getattr(op.AT, name)(), getattr(ref.AT, name)())
+        calls.clear()
+
+
+def test_block_operators_defer_the_input_block_only():
+    _, blocks = _blocks()
+    used = []
+    ops = block_operators(blocks, on_demand=used.append)
+    assert [op.transposed for op in ops] == [False, True]
+    ops = block_operators(blocks, transpose=[True, False], on_demand=used.append)
+    assert [op.transposed for op in ops] == [True, False]
+    ops[1].AT
+    assert used == [1]
+    # tensors (the device sampler's blocks): the parent's eager operator, as before
+    t = blocks[0]
+    op = BlockOperator(*(torch.as_tensor(a) for a in (t.indptr, t.indices, t.values)),
+                       (t.num_dst, t.num_src), transpose=False)
+    assert op.transposed
+
+
+def _service(graph, model, cfg, batch=16):
+    topo = Topology.from_graph(graph, (model.norm,))
+    seeds = np.flatnonzero(np.asarray(graph.train_mask))
+    plan = EpochPlan(seeds, [seeds.shape[0]], 0, batch, 3)
+    return MacrobatchService(topo, FeatureStore.local(graph.x), plan,
+                             SamplerConfig((4, 3), model.norm), cfg,
+                             torch.as_tensor(np.asarray(graph.y, np.int64)))
+
+
+@pytest.mark.parametrize("f_in,hidden", [(5, 8), (12, 4)])
+def test_service_builds_a_needed_input_transpose_after_the_first_use(f_in, hidden):
+    """SAGE with f_in <= hidden aggregates the raw features first: block 0's Âᵀ is never
+    built. With f_in > hidden the weight comes first, the features need a gradient: the first
+    step builds it on demand, the workers build it from then on. Losses as with every
+    transpose built up front."""
+    graph = random_graph(150, 6, f=f_in, seed=1)
+    losses = {}
+    for eager in (False, True):
+        torch.manual_seed(0)
+        model = GNN("sage", f_in, hidden, graph.num_classes, 2, 0.0)
+        opt = make_optimizer(model, TrainConfig())
+        service = _service(graph, model, ServiceConfig(inline=True))
+        if eager:
+            service._transposes_needed.update({0})
+        service.start(0, 1)
+        out, built = [], []
+        for b in service.epoch(0, SamplingStats()):
+            built.append(b.ops[0].transposed)
+            out.append(float(train_step(model, opt, DataParallel(), b, 10)))
+            built[-1] = (built[-1], b.ops[0].transposed)
+        service.close()
+        losses[eager] = out
+        needs = f_in > hidden
+        if eager:
+            assert all(before for before, _ in built)
+        else:
+            assert built[0] == (False, needs)
+            assert all(before == needs and after == needs for before, after in built[1:])
+    assert losses[False] == losses[True]
+
+
+def test_product_order_rule():
+    # full batch (n_dst == n_src): the width rule
+    for f_in, f_out in ((128, 256), (256, 256), (256, 16), (16, 256)):
+        assert aggregate_first(5000, 1000, 1000, f_in, f_out) == (f_in <= f_out)
+    # a sampled last layer 256 -> 16: the row counts decide
+    assert product_costs(2584, 1022, 2959, 256, 16) == (2584 * 256 + 1022 * 256 * 16,
+                                                        2959 * 256 * 16 + 2584 * 16)
+    assert aggregate_first(2584, 1022, 2959, 256, 16)
+    assert not aggregate_first(200000, 1022, 1100, 256, 16)  # dense rows: transform first
+    assert aggregate_first(0, 0, 0, 3, 2)  # a tie aggregates first
+    _, blocks = _blocks()
+    op = blocks[0].operator()
+    assert aggregate_first_op(op, 64, 8) == aggregate_first(op.nnz, op.num_dst, op.num_src, 64, 8)
+
+    class Dist:  # a distributed operator: every rank must agree, the width rule
+        num_dst, num_src, nnz = 10, 30, 20
+    assert aggregate_first_op(Dist(), 8, 16) and not aggregate_first_op(Dist(), 256, 16)
+    assert aggregate_first(20, 10, 30, 256, 16)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread niceness: Linux")
+def test_sampler_workers_lower_their_own_priority_on_cpu():
+    graph = random_graph(150, 6, f=5, seed=1)
+    model = GNN("sage", 5, 8, graph.num_classes, 2, 0.0)
+    seen = {}
+    main_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for nice in (19, 0):
+        service = _service(graph, model, ServiceConfig(nice=nice, workers=2))
+        real = service.produce
+
+        def produce(*a, _real=real, _nice=nice, **k):
+            seen.setdefault(_nice, set()).add(
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return _real(*a, **k)
+        service.produce = produce
+        service.start(0, 1)
+        for _ in service.epoch(0, SamplingStats()):
+            pass
+        service.close()
+    assert seen[19] == {max(19, main_nice)} and seen[0] == {main_nice}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_nice
+    with pytest.raises(Exception, match="niceness"):
+        ServiceConfig(nice=20)
+
+
+def test_lower_thread_priority_is_per_thread():
+    if not sys.platform.startswith("linux"):
+        assert lower_thread_priority(19) is False
+        return
+    out = {}
+
+    def worker():
+        out["set"] = lower_thread_priority(10)
+        out["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert out["nice"] == max(10, main) and out["set"] == (main < 10)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
+    assert lower_thread_priority(0) is False
+
+
+@pytest.mark.parametrize("env,want", [({}, "10000"), ({"GOMP_SPINCOUNT": "5"}, "5"),
+                                      ({"OMP_WAIT_POLICY": "active"}, None)])
+def test_openmp_spin_default_is_set_before_torch_and_overridable(env, want):
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    clean.update(env, PYTHONPATH=ROOT)
+    code = ("import sys, os, gnnpar; assert 'torch' not in sys.modules; "
+            "print(os.environ.get('GOMP_SPINCOUNT'))")
+    res = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == str(want)
+
+
+def test_make_optimizer_is_fused_on_cpu_and_resumes_exactly():
+    torch.manual_seed(0)
+    model = GNN("sage", 5, 8, 3, 2, 0.0)
+    opt = make_optimizer(model, TrainConfig())
+    assert isinstance(opt, torch.optim.Adam)
+    assert opt.param_groups[0]["weight_decay"] == 5e-4 and opt.param_groups[0]["lr"] == 0.01
+    fused = opt.param_groups[0].get("fused")
+    x = torch.randn(6, 5)
+
+    def step(o, m):
+        o.zero_grad(set_to_none=True)
+        m([_Dense(6)] * 2, x).pow(2).sum().backward()
+        o.step()
+    for _ in range(2):
+        step(opt, model)
+    state = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
+    step(opt, model)
+    want = [p.detach().clone() for p in model.parameters()]
+    # a resume: a fresh model and optimiser loaded from the saved state, one more step
+    model2 = GNN("sage", 5, 8, 3, 2, 0.0)
+    model2.load_state_dict(state["model"])
+    opt2 = make_optimizer(model2, TrainConfig())
+    opt2.load_state_dict(state["opt"])
+    assert opt2.param_groups[0].get("fused") == fused
+    step(opt2, model2)
+    assert all(torch.equal(a, b) for a, b in zip(want, model2.parameters()))
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    if (major, minor) >= (2, 4):  # torch's fused Adam runs on the CPU from 2.4
+        assert fused is True
+
+
+class _Dense:
+    """Â = mean over all rows (n × n), as an operator the models take."""
+
+    def __init__(self, n):
+        self.num_dst = self.num_src = n
+
+    def __call__(self, h):
+        return h.mean(0, keepdim=True).expand(self.num_dst, -1)
+
+
+def test_spawned_ranks_get_threads(monkeypatch):
+    """``--threads T`` reaches every ``--nprocs`` rank (launch passes it to spawn)."""
+    import gnnpar.launch as launch
+    seen = {}
+
+    def fake_spawn(fn, nprocs, args=(), **kw):
+        seen.update(kw)
+        return [{}]
+    monkeypatch.setattr(launch, "spawn", fake_spawn)
+    monkeypatch.setattr(launch, "prepare_shards", lambda *a, **k: (None, False))
+    from gnnpar.spec import RunSpec
+    launch._spawn_local(RunSpec(mode="minibatch", nprocs=2, threads=3, fanouts=(2,),
+                                batch_size=4, layers=1))
+    assert seen["threads"] == 3
+
+
+def test_profile_script_minibatch_runs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = ROOT
+    res = subprocess.run(
+        [sys.executable, "scripts/profile_epoch.py", "--mode", "minibatch", "--dataset",
+         "rmat:scale=10,ef=4", "--layers", "2", "--hidden", "16", "--fanouts", "5,3",
+         "--batch-size", "64", "--batches", "3", "--threads", "1", "--warmup", "1",
+         "--epochs", "1", "--top", "5", "--cache-dir", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["mode"] == "minibatch" and out["batches"] == 3 and len(out["blocks"]) == 2
+    assert {"forward", "backward", "optimizer"} <= set(out["phases_ms"])
+    assert out["by_kind_ms"].get("sparse", 0) > 0 and out["by_kind_ms"].get("dense", 0) > 0
+    assert "layer 0:" in res.stdout
