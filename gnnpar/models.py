@@ -44,6 +44,7 @@ from torch.nn import functional as F
 from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
 from .dropout import _check, _seed, _units  # the fused SAGE layer draws its mask as they do
 from .kernels import sage_fused
+from .product_order import aggregate_first_op
 
 
 class GCNLayer(nn.Module):
@@ -64,7 +65,7 @@ class GCNLayer(nn.Module):
     def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
         """Â·H·W without the bias: on a GPU :class:`GNN` adds it in the same pass as the ReLU
         and dropout that follow (:func:`gnnpar.dropout.bias_relu_dropout`)."""
-        if self.lin.in_features <= self.lin.out_features:
+        if aggregate_first_op(op, self.lin.in_features, self.lin.out_features):
             return self.lin(op(h))
         return op(self.lin(h))
 
@@ -124,8 +125,9 @@ class SAGELayer(nn.Module):
 
     def _aggregates_first(self, op) -> bool:
         """Whether the neighbour product is (D⁻¹A·H)·W_neigh (else D⁻¹A·(H·W_neigh)): the
-        SpMM at the narrower width. Both paths follow it."""
-        return self.lin_neigh.in_features <= self.lin_neigh.out_features
+        cheaper order (:mod:`gnnpar.product_order`; the narrower width in full batch). Both
+        paths follow it."""
+        return aggregate_first_op(op, self.lin_neigh.in_features, self.lin_neigh.out_features)
 
     def _neigh(self, op, h: torch.Tensor, bias) -> torch.Tensor:
         """(D⁻¹A·H)·W_neigh (+ ``bias`` unless None), the SpMM at the narrower width."""
