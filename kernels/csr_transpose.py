@@ -1,8 +1,8 @@
 """Âᵀ of a host CSR matrix by a compiled counting sort (the sampled blocks' backward operator).
 
 :func:`transpose_csr` gives exactly the arrays of :func:`transpose_csr_numpy`, the reference
-(the numpy path of :func:`gnnpar.kernels.local.transpose_csr`: a stable argsort of the column
-indices): ``t_indptr`` (n_src+1,) int64, ``t_indices`` (nnz,) int64 row ids, ``t_values`` the
+(a stable argsort of the column indices; :func:`gnnpar.kernels.local.transpose_csr` calls this
+module for host arrays): ``t_indptr`` (n_src+1,) int64, ``t_indices`` (nnz,) int64 row ids, ``t_values`` the
 values in Âᵀ's row order, in their own dtype. Two passes over the entries instead of a sort:
 count each column, then scatter the entries row by row — entries of one column keep their
 order in Â (row-major), which is what the stable sort gives, so the arrays are identical.

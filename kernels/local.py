@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import torch
 
+from . import csr_transpose
 from .cpu_spmm import csr_mm
 
 # torch warns once per process that sparse CSR is "beta"; the ops used here are stable.
@@ -77,17 +78,11 @@ def csr_tensor(indptr, indices, values, shape, device=None, index_dtype=np.int64
 
 def transpose_csr(indptr, indices, values, shape):
     """CSR arrays of the transpose (a counting sort by column; stable, so exact). Tensors in,
-    tensors out on their device (the device sampler's blocks); else numpy."""
+    tensors out on their device (the device sampler's blocks); else numpy
+    (:mod:`gnnpar.kernels.csr_transpose`: compiled, the stable argsort's arrays)."""
     if isinstance(indptr, torch.Tensor):
         return _transpose_csr_tensors(indptr, indices, values, shape)
-    indptr = np.asarray(indptr, dtype=np.int64)
-    indices = np.asarray(indices, dtype=np.int64)
-    n_dst, n_src = shape
-    rows = np.repeat(np.arange(n_dst, dtype=np.int64), np.diff(indptr))
-    order = np.argsort(indices, kind="stable")
-    t_indptr = np.zeros(n_src + 1, dtype=np.int64)
-    np.cumsum(np.bincount(indices, minlength=n_src), out=t_indptr[1:])
-    return t_indptr, rows[order], np.asarray(values)[order]
+    return csr_transpose.transpose_csr(indptr, indices, values, shape)
 
 
 def _transpose_csr_tensors(indptr, indices, values, shape):

@@ -132,12 +132,12 @@ def _service(graph, model, cfg, batch=16):
                              torch.as_tensor(np.asarray(graph.y, np.int64)))
 
 
-@pytest.mark.parametrize("f_in,hidden", [(5, 8), (12, 4)])
+@pytest.mark.parametrize("f_in,hidden", [(5, 8), (12, 4), (64, 1)])
 def test_service_builds_a_needed_input_transpose_after_the_first_use(f_in, hidden):
-    """SAGE with f_in <= hidden aggregates the raw features first: block 0's Âᵀ is never
-    built. With f_in > hidden the weight comes first, the features need a gradient: the first
-    step builds it on demand, the workers build it from then on. Losses as with every
-    transpose built up front."""
+    """When SAGE's first layer aggregates the raw features first (the cheaper order,
+    gnnpar/product_order.py), block 0's Âᵀ is never built. When the weight comes first the
+    features need a gradient: the first such step builds it on demand, the workers build it
+    from then on. Losses as with every transpose built up front."""
     graph = random_graph(150, 6, f=f_in, seed=1)
     losses = {}
     for eager in (False, True):
@@ -150,17 +150,20 @@ def test_service_builds_a_needed_input_transpose_after_the_first_use(f_in, hidde
         service.start(0, 1)
         out, built = [], []
         for b in service.epoch(0, SamplingStats()):
-            built.append(b.ops[0].transposed)
+            need = not model.layers[0]._aggregates_first(b.ops[0])
+            before = b.ops[0].transposed
             out.append(float(train_step(model, opt, DataParallel(), b, 10)))
-            built[-1] = (built[-1], b.ops[0].transposed)
+            built.append((before, b.ops[0].transposed, need))
         service.close()
         losses[eager] = out
-        needs = f_in > hidden
         if eager:
-            assert all(before for before, _ in built)
+            assert all(before for before, _, _ in built)
         else:
-            assert built[0] == (False, needs)
-            assert all(before == needs and after == needs for before, after in built[1:])
+            needed_yet = False
+            for before, after, need in built:
+                assert before == needed_yet and after == (needed_yet or need)
+                needed_yet = needed_yet or need
+            assert needed_yet == (f_in == 64)  # the (64, 1) case transforms first
     assert losses[False] == losses[True]
 
 
