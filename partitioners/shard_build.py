@@ -34,6 +34,7 @@ Shapes for rank r with ``n_local`` owned vertices, ``n_halo`` halo vertices, ``n
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -192,6 +193,18 @@ class ShardBuilder:
         self.cinv = np.divide(1.0, np.sqrt(colsum_gcn), out=np.zeros(n), where=colsum_gcn > 0)
         self.inv = np.divide(1.0, rowsum_raw, out=np.zeros(n), where=rowsum_raw != 0)
 
+    def _per_vertex(self):
+        """(seen, found, colmap): n-long scratch arrays of this process, made once and reused
+        by every part it builds: ``seen`` is -1 except while a part's halo pass marks it (and
+        clears its marks after), and a part reads ``colmap`` only at its own rows' columns,
+        which it has just written."""
+        if getattr(self, "_scratch_pid", None) != os.getpid():  # a forked job makes its own
+            n = max(self.graph.num_nodes, 1)
+            self._vertex_scratch = (np.full(n, -1, np.int32), np.empty(n, np.int64),
+                                    np.empty(n, np.int64))
+            self._scratch_pid = os.getpid()
+        return self._vertex_scratch
+
     def release(self) -> None:
         """Hand the graph's mapped structure pages back to the page cache after a pass, so a
         pass over a memory-mapped graph does not leave all of it in the resident set."""
@@ -209,12 +222,12 @@ class ShardBuilder:
     def halo_of(self, rank: int):
         """(halo ids by owner then id, recv counts, cut entries, non-zeros) of one part."""
         n = self.graph.num_nodes
-        seen = np.full(n, -1, np.int32)
-        buf = np.empty(max(n, 1), np.int64)
+        seen, buf, _ = self._per_vertex()
         h, cut, nnz = kernels().halo_pass(
             self.indptr, self.indices, self.weight, self.weighted, self.canonical,
             self._scratch(), self.partition.vertices(rank), self.owner, rank, seen, buf)
-        found = buf[:h]
+        found = buf[:h].copy()
+        seen[found] = -1  # back to "nobody's", so a part may be asked again
         key = np.sort(self.owner[found].astype(np.int64) * max(n, 1) + found)
         halo = key % max(n, 1)
         recv = np.bincount(key // max(n, 1), minlength=self.parts).astype(np.int64)
@@ -243,7 +256,7 @@ class ShardBuilder:
         owned = self.partition.vertices(rank)
         n_local, nnz = owned.shape[0], int(self.part_nnz[rank])
         halo = self.halo_ids[rank]
-        colmap = np.zeros(max(self.graph.num_nodes, 1), np.int64)  # column -> local id
+        _, _, colmap = self._per_vertex()  # column -> local id; only this part's are read
         colmap[owned] = np.arange(n_local, dtype=np.int64)
         colmap[halo] = n_local + np.arange(halo.size, dtype=np.int64)
         indptr = np.zeros(n_local + 1, np.int64)
@@ -254,7 +267,6 @@ class ShardBuilder:
                             self.canonical, self._scratch(), owned, colmap, self.owner, rank,
                             self.parts, self.rinv, self.cinv, self.inv, indptr, cols, raw, orig,
                             gcn, mean)
-        del colmap
         made = {"gcn": gcn, "mean": mean}
         values = {k: made[k] if k in made else raw.astype(np.float32) for k in self.norms}
         send_local, send_counts = self.sends(rank)
