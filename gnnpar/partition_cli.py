@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", default=None, metavar="AxB[xC]",
                    help="with --report: non-zeros per rank of the 2d/3d kernels on this grid, whose "
                         "size must equal --parts (no blocks are written: the kernels cut them from "
-                        "the shards at setup; default: none)")
+                        "the shards at setup; builds A'+I whole in memory, unlike the rest of "
+                        "the command; default: none)")
     p.add_argument("--report", action="store_true", help="print the partition quality report")
     p.add_argument("--feat-width", type=int, default=128,
                    help="feature width f used for the bytes-per-SpMM figures of --report (default: 128)")
