@@ -47,7 +47,7 @@ def transpose_csr(indptr, indices, values, shape):
     if indices.dtype not in (np.int32, np.int64):
         indices = indices.astype(np.int64)
     values = np.ascontiguousarray(values)
-    return _compiled()(indptr, indices, values, int(shape[1]))
+    return _compiled()[0](indptr, indices, values, int(shape[1]))
 
 
 def transpose_csr_numpy(indptr, indices, values, shape):
@@ -62,29 +62,33 @@ def transpose_csr_numpy(indptr, indices, values, shape):
     return t_indptr, rows[order], np.asarray(values)[order]
 
 
+def _transpose(indptr, indices, values, n_src):  # pragma: no cover - compiled
+    n_dst = indptr.shape[0] - 1
+    nnz = indices.shape[0]
+    t_indptr = np.zeros(n_src + 1, np.int64)
+    for e in range(nnz):
+        t_indptr[indices[e] + 1] += 1
+    for c in range(n_src):
+        t_indptr[c + 1] += t_indptr[c]
+    fill = t_indptr[:n_src].copy()
+    rows = np.empty(nnz, np.int64)
+    vals = np.empty(nnz, values.dtype)
+    for r in range(n_dst):
+        for e in range(indptr[r], indptr[r + 1]):
+            c = indices[e]
+            p = fill[c]
+            rows[p] = r
+            vals[p] = values[e]
+            fill[c] = p + 1
+    return t_indptr, rows, vals
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled():
+    """The kernels compiled (numba imported here: it costs most of a second). They are
+    module-level functions, so numba's disk cache finds them again: kernels defined inside
+    this function got a new cache entry in every process, and processes starting together
+    wrote their entries under the same file names, so one could load another's code."""
     from numba import njit
-
-    @njit(cache=True, nogil=True)
-    def _transpose(indptr, indices, values, n_src):  # pragma: no cover - compiled
-        n_dst = indptr.shape[0] - 1
-        nnz = indices.shape[0]
-        t_indptr = np.zeros(n_src + 1, np.int64)
-        for e in range(nnz):
-            t_indptr[indices[e] + 1] += 1
-        for c in range(n_src):
-            t_indptr[c + 1] += t_indptr[c]
-        fill = t_indptr[:n_src].copy()
-        rows = np.empty(nnz, np.int64)
-        vals = np.empty(nnz, values.dtype)
-        for r in range(n_dst):
-            for e in range(indptr[r], indptr[r + 1]):
-                c = indices[e]
-                p = fill[c]
-                rows[p] = r
-                vals[p] = values[e]
-                fill[c] = p + 1
-        return t_indptr, rows, vals
-
-    return _transpose
+    jit = njit(cache=True, nogil=True)
+    return tuple(jit(f) for f in (_transpose,))

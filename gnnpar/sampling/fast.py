@@ -55,166 +55,166 @@ def _numba_installed() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def _positions(indptr, rows, fanout, replace, u):  # pragma: no cover
+    # Two passes, so that no branch waits on a cache miss: the rows' offsets
+    # (independent random reads, many in flight), then the kept positions (sequential
+    # data only). The gather that follows knows all its addresses up front.
+    r = rows.shape[0]
+    base = np.empty(r, np.int64)
+    deg = np.empty(r, np.int64)
+    for i in range(r):
+        base[i] = indptr[rows[i]]
+        deg[i] = indptr[rows[i] + 1]
+    k = np.empty(r, np.int64)
+    total = 0
+    draws = 0
+    for i in range(r):
+        d = deg[i] - base[i]
+        deg[i] = d
+        ki = d if fanout < 0 else (fanout if (replace and d > 0) else min(d, fanout))
+        k[i] = ki
+        total += ki
+        draws += (d > 0) if replace else (d > fanout)
+    if fanout > 0 and (u.shape[0] != draws or u.shape[1] != fanout):
+        return k, deg, np.empty(0, np.int64), draws  # the caller raises
+    pos = np.empty(total, np.int64)
+    one = np.uint64(1)
+    e = 0
+    drawn = 0
+    for i in range(r):
+        b, d = base[i], deg[i]
+        if fanout < 0 or (not replace and d <= fanout):
+            for p in range(d):
+                pos[e + p] = b + p
+            e += d
+        elif d > 0:
+            if replace:
+                for s in range(fanout):
+                    pos[e + s] = b + min(np.int64(u[drawn, s] * d), d - 1)
+            else:
+                # Floyd: for j = d-k … d-1 keep t = ⌊u·(j+1)⌋ unless kept already, else j.
+                # A 64-bit mask of the kept picks' low bits settles "already kept?" for
+                # most draws; only a draw whose bit is set scans the earlier picks.
+                mask = np.uint64(0)
+                for s in range(fanout):
+                    j = d - fanout + s
+                    t = min(np.int64(u[drawn, s] * (j + 1.0)), j)
+                    bit = one << np.uint64(t & 63)
+                    if mask & bit:
+                        for q in range(e, e + s):
+                            if pos[q] == b + t:
+                                t = j
+                                bit = one << np.uint64(t & 63)
+                                break
+                    mask |= bit
+                    pos[e + s] = b + t
+            e += fanout
+            drawn += 1
+    return k, deg, pos, draws
+
+def _gather_packed(records, pos):  # pragma: no cover
+    # records: (col int32, value float32) packed in one little-endian uint64 each
+    total = pos.shape[0]
+    cols = np.empty(total, np.int32)
+    vals = np.empty(total, np.float32)
+    bits = vals.view(np.uint32)
+    for q in range(total):
+        rec = records[pos[q]]
+        cols[q] = np.int32(rec & np.uint64(0xFFFFFFFF))
+        bits[q] = np.uint32(rec >> np.uint64(32))
+    return cols, vals
+
+def _gather(col, val, pos):  # pragma: no cover
+    total = pos.shape[0]
+    cols = np.empty(total, col.dtype)
+    vals = np.empty(total, np.float32)
+    for q in range(total):
+        p = pos[q]
+        cols[q] = col[p]
+        vals[q] = val[p]
+    return cols, vals
+
+def _scale(vals, k, deg):  # pragma: no cover
+    e = 0
+    for i in range(k.shape[0]):
+        if k[i] != deg[i] and k[i] > 0:  # d/k = 1 leaves the value as it is
+            f = np.float32(deg[i] / k[i])
+            for q in range(e, e + k[i]):
+                vals[q] = vals[q] * f
+        e += k[i]
+
+def _relabel_assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma: no cover
+    # branch-free marking and numbering: whether an id is new is a coin flip to the
+    # branch predictor, so every step stores unconditionally and counts with the flag
+    r = dst.shape[0]
+    n_edges = cols.shape[0]
+    n = slot.shape[0]
+    for i in range(r):
+        slot[dst[i]] = i
+    fresh = np.empty(n_edges + 1, np.int64)
+    nf = 0
+    for e in range(n_edges):
+        c = cols[e]
+        was = slot[c]
+        new = was == -1
+        fresh[nf] = c
+        nf += new
+        slot[c] = was - new  # -1 (unseen) becomes -2 (new), a local id stays
+    src = np.empty(r + nf + 1, np.int64)
+    src[:r] = dst
+    if n <= 16 * nf:  # a scan of the table costs less than sorting the new ids
+        j = r
+        for v in range(n):
+            was = slot[v]
+            new = was == -2
+            src[j] = v
+            slot[v] = j if new else was
+            j += new
+    else:
+        ids = np.sort(fresh[:nf])
+        for q in range(nf):
+            slot[ids[q]] = r + q
+            src[r + q] = ids[q]
+    src = src[:r + nf]
+    indptr = np.empty(r + 1, np.int64)
+    indptr[0] = 0
+    if not with_self:
+        for i in range(r):
+            indptr[i + 1] = indptr[i] + k[i]
+        indices = np.empty(n_edges, np.int64)
+        for e in range(n_edges):
+            indices[e] = slot[cols[e]]
+        values = np.empty(0, np.float32)
+    else:
+        for i in range(r):
+            indptr[i + 1] = indptr[i] + k[i] + (self_vals[i] != 0)
+        indices = np.empty(indptr[r], np.int64)
+        values = np.empty(indptr[r], np.float32)
+        e = 0
+        for i in range(r):
+            o = indptr[i]
+            if self_vals[i] != 0:
+                indices[o] = i
+                values[o] = self_vals[i]
+                o += 1
+            for q in range(k[i]):
+                indices[o + q] = slot[cols[e + q]]
+                values[o + q] = vals[e + q]
+            e += k[i]
+    for i in range(r + nf):
+        slot[src[i]] = -1
+    return src, indptr, indices, values
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled():
+    """The kernels compiled (numba imported here: it costs most of a second). They are
+    module-level functions, so numba's disk cache finds them again: kernels defined inside
+    this function got a new cache entry in every process, and processes starting together
+    wrote their entries under the same file names, so one could load another's code."""
     from numba import njit
-
-    @njit(cache=True, nogil=True)
-    def _positions(indptr, rows, fanout, replace, u):  # pragma: no cover
-        # Two passes, so that no branch waits on a cache miss: the rows' offsets
-        # (independent random reads, many in flight), then the kept positions (sequential
-        # data only). The gather that follows knows all its addresses up front.
-        r = rows.shape[0]
-        base = np.empty(r, np.int64)
-        deg = np.empty(r, np.int64)
-        for i in range(r):
-            base[i] = indptr[rows[i]]
-            deg[i] = indptr[rows[i] + 1]
-        k = np.empty(r, np.int64)
-        total = 0
-        draws = 0
-        for i in range(r):
-            d = deg[i] - base[i]
-            deg[i] = d
-            ki = d if fanout < 0 else (fanout if (replace and d > 0) else min(d, fanout))
-            k[i] = ki
-            total += ki
-            draws += (d > 0) if replace else (d > fanout)
-        if fanout > 0 and (u.shape[0] != draws or u.shape[1] != fanout):
-            return k, deg, np.empty(0, np.int64), draws  # the caller raises
-        pos = np.empty(total, np.int64)
-        one = np.uint64(1)
-        e = 0
-        drawn = 0
-        for i in range(r):
-            b, d = base[i], deg[i]
-            if fanout < 0 or (not replace and d <= fanout):
-                for p in range(d):
-                    pos[e + p] = b + p
-                e += d
-            elif d > 0:
-                if replace:
-                    for s in range(fanout):
-                        pos[e + s] = b + min(np.int64(u[drawn, s] * d), d - 1)
-                else:
-                    # Floyd: for j = d-k … d-1 keep t = ⌊u·(j+1)⌋ unless kept already, else j.
-                    # A 64-bit mask of the kept picks' low bits settles "already kept?" for
-                    # most draws; only a draw whose bit is set scans the earlier picks.
-                    mask = np.uint64(0)
-                    for s in range(fanout):
-                        j = d - fanout + s
-                        t = min(np.int64(u[drawn, s] * (j + 1.0)), j)
-                        bit = one << np.uint64(t & 63)
-                        if mask & bit:
-                            for q in range(e, e + s):
-                                if pos[q] == b + t:
-                                    t = j
-                                    bit = one << np.uint64(t & 63)
-                                    break
-                        mask |= bit
-                        pos[e + s] = b + t
-                e += fanout
-                drawn += 1
-        return k, deg, pos, draws
-
-    @njit(cache=True, nogil=True)
-    def _gather_packed(records, pos):  # pragma: no cover
-        # records: (col int32, value float32) packed in one little-endian uint64 each
-        total = pos.shape[0]
-        cols = np.empty(total, np.int32)
-        vals = np.empty(total, np.float32)
-        bits = vals.view(np.uint32)
-        for q in range(total):
-            rec = records[pos[q]]
-            cols[q] = np.int32(rec & np.uint64(0xFFFFFFFF))
-            bits[q] = np.uint32(rec >> np.uint64(32))
-        return cols, vals
-
-    @njit(cache=True, nogil=True)
-    def _gather(col, val, pos):  # pragma: no cover
-        total = pos.shape[0]
-        cols = np.empty(total, col.dtype)
-        vals = np.empty(total, np.float32)
-        for q in range(total):
-            p = pos[q]
-            cols[q] = col[p]
-            vals[q] = val[p]
-        return cols, vals
-
-    @njit(cache=True, nogil=True)
-    def _scale(vals, k, deg):  # pragma: no cover
-        e = 0
-        for i in range(k.shape[0]):
-            if k[i] != deg[i] and k[i] > 0:  # d/k = 1 leaves the value as it is
-                f = np.float32(deg[i] / k[i])
-                for q in range(e, e + k[i]):
-                    vals[q] = vals[q] * f
-            e += k[i]
-
-    @njit(cache=True, nogil=True)
-    def _relabel_assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma: no cover
-        # branch-free marking and numbering: whether an id is new is a coin flip to the
-        # branch predictor, so every step stores unconditionally and counts with the flag
-        r = dst.shape[0]
-        n_edges = cols.shape[0]
-        n = slot.shape[0]
-        for i in range(r):
-            slot[dst[i]] = i
-        fresh = np.empty(n_edges + 1, np.int64)
-        nf = 0
-        for e in range(n_edges):
-            c = cols[e]
-            was = slot[c]
-            new = was == -1
-            fresh[nf] = c
-            nf += new
-            slot[c] = was - new  # -1 (unseen) becomes -2 (new), a local id stays
-        src = np.empty(r + nf + 1, np.int64)
-        src[:r] = dst
-        if n <= 16 * nf:  # a scan of the table costs less than sorting the new ids
-            j = r
-            for v in range(n):
-                was = slot[v]
-                new = was == -2
-                src[j] = v
-                slot[v] = j if new else was
-                j += new
-        else:
-            ids = np.sort(fresh[:nf])
-            for q in range(nf):
-                slot[ids[q]] = r + q
-                src[r + q] = ids[q]
-        src = src[:r + nf]
-        indptr = np.empty(r + 1, np.int64)
-        indptr[0] = 0
-        if not with_self:
-            for i in range(r):
-                indptr[i + 1] = indptr[i] + k[i]
-            indices = np.empty(n_edges, np.int64)
-            for e in range(n_edges):
-                indices[e] = slot[cols[e]]
-            values = np.empty(0, np.float32)
-        else:
-            for i in range(r):
-                indptr[i + 1] = indptr[i] + k[i] + (self_vals[i] != 0)
-            indices = np.empty(indptr[r], np.int64)
-            values = np.empty(indptr[r], np.float32)
-            e = 0
-            for i in range(r):
-                o = indptr[i]
-                if self_vals[i] != 0:
-                    indices[o] = i
-                    values[o] = self_vals[i]
-                    o += 1
-                for q in range(k[i]):
-                    indices[o + q] = slot[cols[e + q]]
-                    values[o + q] = vals[e + q]
-                e += k[i]
-        for i in range(r + nf):
-            slot[src[i]] = -1
-        return src, indptr, indices, values
-
-    return _positions, _gather_packed, _gather, _scale, _relabel_assemble
+    jit = njit(cache=True, nogil=True)
+    return tuple(jit(f) for f in (_positions, _gather_packed, _gather, _scale, _relabel_assemble))
 
 
 def sample_rows(indptr: np.ndarray, entries: np.ndarray, kind: str, rows: np.ndarray,
