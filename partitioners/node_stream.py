@@ -2,7 +2,8 @@
 
 ``x`` (n × f) is read in blocks of consecutive rows. A part's vertices are in ascending global
 id (``Partition``), so the block's rows of part r are one contiguous run of r's local rows: each
-block costs one positioned write per part into a ``.npy`` file whose header was written first.
+block costs one positioned write per part into a ``.npy`` file whose header was written first;
+blocks are independent (:class:`FeatureBlocks`), so several processes may write them at once.
 The small node arrays (``y`` and the masks, O(n) bytes) are gathered per part in memory.
 
 Pages of a memory-mapped array stay in the process's resident set once read, so a pass over a
@@ -52,45 +53,74 @@ def _start_npy(path: str, dtype, shape) -> int:
     return start
 
 
-def write_node_arrays(graph, partition: Partition, folders, row_block=None, progress=None) -> None:
-    """Write ``x.npy`` and the small node arrays of every part into ``folders[r]``."""
-    say = progress or (lambda msg: None)
-    P, n = partition.num_parts, graph.num_nodes
-    owner = partition.owner
+class FeatureBlocks:
+    """``x`` of every part written in blocks of rows that are independent of each other, so
+    processes may write them at once (``write_shards`` puts them beside the parts' rows in its
+    pool): :meth:`prepare` writes each part's ``.npy`` header and sizes the file, and block
+    ``i`` writes rows ``[a, b)`` of ``x`` with one ``os.pwrite`` per part at that part's
+    offset, known beforehand from the owners of the rows before ``a``."""
+
+    def __init__(self, graph, partition: Partition, folders, row_block=None):
+        self.graph, self.partition = graph, partition
+        self.paths = [os.path.join(folder, "x.npy") for folder in folders]
+        x = graph.x
+        n, P = graph.num_nodes, partition.num_parts
+        self.row_bytes = int(x.shape[1]) * x.dtype.itemsize
+        self.step = min(block_rows(int(x.shape[1]), x.dtype.itemsize, row_block), max(n, 1))
+        self.bounds = [(a, min(n, a + self.step)) for a in range(0, n, self.step)]
+        counts = np.array([np.bincount(partition.owner[a:b], minlength=P)
+                           for a, b in self.bounds], np.int64).reshape(len(self.bounds), P)
+        self.counts = counts
+        self.before = np.cumsum(counts, axis=0) - counts  # local rows of each part before a block
+        self.starts = None
+        self._buffers = None
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def prepare(self) -> None:
+        """Write every part's header; the row area is sized (sparse) and filled by the blocks."""
+        x, sizes = self.graph.x, self.partition.sizes
+        self.starts = [_start_npy(path, x.dtype, (int(sizes[r]), int(x.shape[1])))
+                       for r, path in enumerate(self.paths)]
+
+    def write(self, i: int) -> int:
+        """Write block ``i``; returns its row count."""
+        a, b = self.bounds[i]
+        rows = b - a
+        x, owner = self.graph.x, self.partition.owner
+        if self._buffers is None or self._buffers[0] != os.getpid():  # reused within a process
+            self._buffers = (os.getpid(), np.empty((self.step, x.shape[1]), x.dtype),
+                             np.empty((self.step, x.shape[1]), x.dtype))
+        _, block, grouped = self._buffers
+        block[:rows] = x[a:b]
+        release(x)
+        order = np.argsort(owner[a:b], kind="stable")  # rows grouped by part, ascending
+        np.take(block[:rows], order, axis=0, out=grouped[:rows], mode="clip")  # unbuffered
+        at = 0
+        for rank in np.flatnonzero(self.counts[i]):
+            c = int(self.counts[i, rank])
+            fd = os.open(self.paths[rank], os.O_WRONLY)
+            try:
+                offset = self.starts[rank] + int(self.before[i, rank]) * self.row_bytes
+                _pwrite_all(fd, memoryview(grouped[at:at + c]).cast("B"), offset)
+            finally:
+                os.close(fd)
+            at += c
+        return rows
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+def write_small_arrays(graph, partition: Partition, folders) -> None:
+    """``y`` and the masks of every part (O(n) bytes, gathered in memory)."""
     for name in SMALL_ARRAYS:
         full = np.asarray(getattr(graph, name))
-        for rank in range(P):
+        for rank in range(partition.num_parts):
             np.save(os.path.join(folders[rank], f"{name}.npy"), full[partition.vertices(rank)])
         release(getattr(graph, name))
         del full
-    x = graph.x
-    f = int(x.shape[1])
-    row_bytes = f * x.dtype.itemsize
-    starts = [_start_npy(os.path.join(folders[r], "x.npy"), x.dtype, (int(partition.sizes[r]), f))
-              for r in range(P)]
-    handles = [open(os.path.join(folders[r], "x.npy"), "r+b") for r in range(P)]
-    filled = np.zeros(P, np.int64)  # local rows of each part written so far
-    step = min(block_rows(f, x.dtype.itemsize, row_block), max(n, 1))
-    block = np.empty((step, f), x.dtype)    # reused: no fresh pages to fault in every block
-    grouped = np.empty((step, f), x.dtype)
-    try:
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            rows = b - a
-            block[:rows] = x[a:b]
-            release(x)
-            order = np.argsort(owner[a:b], kind="stable")  # rows grouped by part, ascending
-            counts = np.bincount(owner[a:b], minlength=P)
-            np.take(block[:rows], order, axis=0, out=grouped[:rows], mode="clip")  # unbuffered
-            at = 0
-            for rank in np.flatnonzero(counts):
-                c = int(counts[rank])
-                handles[rank].seek(starts[rank] + int(filled[rank]) * row_bytes)
-                handles[rank].write(memoryview(grouped[at:at + c]).cast("B"))
-                filled[rank] += c
-                at += c
-            if (a // step) % 16 == 15:
-                say(f"features: {b:,}/{n:,} rows")
-    finally:
-        for h in handles:
-            h.close()

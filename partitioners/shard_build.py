@@ -47,7 +47,7 @@ from .csr_rows import is_canonical
 from .part_pool import map_parts
 from .node_stream import release
 from .partition import Partition
-from .shard_kernels import kernels
+from .shard_kernels import GROUP_SHIFT, kernels
 
 NODE_ARRAYS = ("x", "y", "train_mask", "val_mask", "test_mask")
 
@@ -174,11 +174,14 @@ class ShardBuilder:
     def _degrees(self) -> None:
         n = self.graph.num_nodes
         rowsum_gcn, colsum_gcn, rowsum_raw = np.zeros(n), np.zeros(n), np.zeros(n)
-        self.has_loop = np.zeros(n, np.bool_)
         first_neg = np.zeros((2, 4), np.float64)
-        self.nnz_total = int(kernels().degree_pass(
-            self.indptr, self.indices, self.weight, self.weighted, self.canonical,
-            self._scratch(), rowsum_gcn, colsum_gcn, rowsum_raw, self.has_loop, first_neg))
+        if self.canonical and not self.weighted:  # unit weights: integer sums, no S rows
+            self.nnz_total = int(kernels().degree_pass_unit(
+                self.indptr, self.indices, rowsum_gcn, colsum_gcn, rowsum_raw))
+        else:
+            self.nnz_total = int(kernels().degree_pass(
+                self.indptr, self.indices, self.weight, self.weighted, self.canonical,
+                self._scratch(), rowsum_gcn, colsum_gcn, rowsum_raw, first_neg))
         why = {"gcn": (0, "D^-1/2 (A+I) D^-1/2 takes each weighted degree's square root"),
                "mean": (1, "D^-1 A divides by each weighted degree")}
         for kind in self.norms:
@@ -194,14 +197,14 @@ class ShardBuilder:
         self.inv = np.divide(1.0, rowsum_raw, out=np.zeros(n), where=rowsum_raw != 0)
 
     def _per_vertex(self):
-        """(seen, found, colmap): n-long scratch arrays of this process, made once and reused
+        """(seen, found, table): n-long scratch arrays of this process, made once and reused
         by every part it builds: ``seen`` is -1 except while a part's halo pass marks it (and
-        clears its marks after), and a part reads ``colmap`` only at its own rows' columns,
-        which it has just written."""
+        clears its marks after), and a part reads ``table`` (rows_pass's column table) only at
+        its own rows' columns, which it has just written."""
         if getattr(self, "_scratch_pid", None) != os.getpid():  # a forked job makes its own
             n = max(self.graph.num_nodes, 1)
             self._vertex_scratch = (np.full(n, -1, np.int32), np.empty(n, np.int64),
-                                    np.empty(n, np.int64))
+                                    np.empty((n, 2), np.int64))
             self._scratch_pid = os.getpid()
         return self._vertex_scratch
 
@@ -256,22 +259,27 @@ class ShardBuilder:
         owned = self.partition.vertices(rank)
         n_local, nnz = owned.shape[0], int(self.part_nnz[rank])
         halo = self.halo_ids[rank]
-        _, _, colmap = self._per_vertex()  # column -> local id; only this part's are read
-        colmap[owned] = np.arange(n_local, dtype=np.int64)
-        colmap[halo] = n_local + np.arange(halo.size, dtype=np.int64)
+        _, _, table = self._per_vertex()  # column -> (group, local id), cinv; only this part's read
+        table_f = table.view(np.float64)
+        table[owned, 0] = np.arange(n_local, dtype=np.int64)
+        group = self.owner[halo].astype(np.int64) + 1
+        table[halo, 0] = (group << GROUP_SHIFT) | (n_local + np.arange(halo.size, dtype=np.int64))
+        table_f[owned, 1] = self.cinv[owned]
+        table_f[halo, 1] = self.cinv[halo]
         indptr = np.zeros(n_local + 1, np.int64)
-        cols, raw = np.empty(nnz, np.int64), np.empty(nnz, np.float64)
+        cols, raw = np.empty(nnz, np.int64), np.empty(nnz, self.raw_dtype)  # rounded once, in the pass
         orig = np.empty(nnz, np.bool_)
         gcn, mean = np.empty(nnz, np.float32), np.empty(nnz, np.float32)
         kernels().rows_pass(self.indptr, self.indices, self.weight, self.weighted,
-                            self.canonical, self._scratch(), owned, colmap, self.owner, rank,
-                            self.parts, self.rinv, self.cinv, self.inv, indptr, cols, raw, orig,
-                            gcn, mean)
+                            self.canonical, self._scratch(), owned, table, table_f,
+                            self.parts, self.rinv, self.inv, indptr, cols, raw, orig, gcn, mean)
         made = {"gcn": gcn, "mean": mean}
-        values = {k: made[k] if k in made else raw.astype(np.float32) for k in self.norms}
+        if "sum" in self.norms:
+            made["sum"] = raw if raw.dtype == np.float32 else raw.astype(np.float32)
+        values = {k: made[k] for k in self.norms}
         send_local, send_counts = self.sends(rank)
         return {"global_ids": owned.astype(np.int64), "indptr": indptr, "indices": cols,
-                "values": values, "raw_weight": raw.astype(self.raw_dtype), "orig_edge": orig,
+                "values": values, "raw_weight": raw, "orig_edge": orig,
                 "halo_ids": halo.astype(np.int64), "recv_counts": self.recv_counts[rank],
                 "send_counts": send_counts, "send_local": send_local}
 

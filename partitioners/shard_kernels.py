@@ -9,7 +9,7 @@ never materialised: only O(n) vectors and one part's rows exist at once.
 
 The passes and what they give:
 
-- :func:`degree_pass`: per vertex the sums ``datasets/normalize.values_for`` divides by (GCN row
+- :func:`degree_pass` (:func:`degree_pass_unit` without weights): per vertex the sums ``datasets/normalize.values_for`` divides by (GCN row
   and column sums of S with unit diagonal; the raw row sums), in the same order of additions as
   its ``np.bincount`` calls (row-major S order, one addition at a time), so the values are the
   same bits; whether a vertex had a self loop; the first negative weight of each kind;
@@ -30,8 +30,9 @@ import sys
 
 import numpy as np
 
-NAMES = ("mix", "s_row", "degree_pass", "halo_pass", "rows_pass", "symmetric_pass")
-mix = s_row = degree_pass = halo_pass = rows_pass = symmetric_pass = None  # the compiled passes, set by kernels()
+GROUP_SHIFT = 40  # rows_pass table: a local id takes the bits below, its group those above
+NAMES = ("mix", "s_row", "degree_pass", "degree_pass_unit", "halo_pass", "rows_pass", "symmetric_pass")
+mix = s_row = degree_pass = degree_pass_unit = halo_pass = rows_pass = symmetric_pass = None  # the compiled passes, set by kernels()
 
 
 def kernels():
@@ -103,8 +104,8 @@ def _s_row(indptr, indices, weight, weighted, canonical, v, cols, raw, tmp_c, tm
     return k, diag, has_loop
 
 def _degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_gcn, colsum_gcn,
-                rowsum_raw, has_loop, first_neg):
-    """Fills the sums and ``has_loop``; ``first_neg`` (2, 4) float64 gets, for the GCN weight
+                rowsum_raw, first_neg):
+    """Fills the sums; ``first_neg`` (2, 4) float64 gets, for the GCN weight
     (row 0) and the raw weight (row 1): count, row, column, value of the first negative.
     Returns S's non-zero count."""
     n = indptr.shape[0] - 1
@@ -113,7 +114,6 @@ def _degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_g
     for v in range(n):
         k, diag, hl = s_row(indptr, indices, weight, weighted, canonical, v, cols, raw,
                             tmp_c, tmp_w)
-        has_loop[v] = hl
         rs = 0.0
         rr = 0.0
         for j in range(k):
@@ -140,16 +140,53 @@ def _degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_g
         nnz += k
     return nnz
 
+def _degree_pass_unit(indptr, indices, rowsum_gcn, colsum_gcn, rowsum_raw):
+    """:func:`degree_pass` for a canonical CSR without weights (at most one loop a row): every
+    weight is 1.0, so each sum counts entries and holds an integer, which float64 adds exactly
+    in any order: the same bits without making the rows of S. Returns S's non-zero count."""
+    n = indptr.shape[0] - 1
+    nnz = 0
+    for v in range(n):
+        lo, hi = indptr[v], indptr[v + 1]
+        loops = 0
+        for e in range(lo, hi):
+            c = indices[e]
+            if c == v:
+                loops += 1
+            else:
+                colsum_gcn[c] += 1.0
+        colsum_gcn[v] += 1.0  # the unit diagonal
+        off = hi - lo - loops
+        rowsum_gcn[v] = off + 1.0
+        rowsum_raw[v] = off + (1.0 if loops else 0.0)
+        nnz += off + 1
+    return nnz
+
 def _halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,
               seen, halo):
     """Part ``part``'s halo into ``halo`` (in first-seen order); ``seen`` (n,) int32 must not
-    hold ``part`` anywhere on entry. Returns (halo size, cut entries, non-zeros)."""
+    hold ``part`` anywhere on entry. Returns (halo size, cut entries, non-zeros). A canonical
+    CSR's columns are S's without the diagonal, which is owned: they are read as they are."""
     cols, raw, tmp_c, tmp_w = scratch
     h = 0
     cut = 0
     nnz = 0
     for i in range(owned.shape[0]):
         v = owned[i]
+        if canonical:
+            lo, hi = indptr[v], indptr[v + 1]
+            nnz += hi - lo + 1
+            for e in range(lo, hi):
+                c = indices[e]
+                if c == v:
+                    nnz -= 1
+                elif owner[c] != part:
+                    cut += 1
+                    if seen[c] != part:
+                        seen[c] = part
+                        halo[h] = c
+                        h += 1
+            continue
         k, diag, hl = s_row(indptr, indices, weight, weighted, canonical, v, cols, raw,
                             tmp_c, tmp_w)
         nnz += k
@@ -163,22 +200,28 @@ def _halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, own
                     h += 1
     return h, cut, nnz
 
-def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, colmap, owner,
-               part, parts, rinv, cinv, inv, out_indptr, out_cols, out_raw, out_orig, out_gcn,
-               out_mean):
-    """A part's rows of S (``owned``, ascending) with local columns (``colmap[c]``: column c's
-    local id, owned or halo), each row sorted; values ``(w * rinv[v]) * cinv[c]`` (GCN, unit
-    diagonal) and ``raw * inv[v]`` (mean), rounded to float32 once, as ``values_for``.
+def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, table, table_f,
+               parts, rinv, inv, out_indptr, out_cols, out_raw, out_orig, out_gcn, out_mean):
+    """A part's rows of S (``owned``, ascending) with local columns, each row sorted; values
+    ``(w * rinv[v]) * cinv[c]`` (GCN, unit diagonal) and ``raw * inv[v]`` (mean), rounded to
+    float32 once, as ``values_for``.
+
+    ``table`` (n, 2) int64 holds, at each column c this part reads, ``group << GROUP_SHIFT |
+    local id`` in slot 0 (group 0 owned, 1 + owner for a halo row) and, in slot 1 read through
+    its float64 view ``table_f``, ``cinv[c]``: one 16-byte read per entry instead of three
+    scattered ones (local id, owner, column norm), which is what a part's pass waits on.
 
     A row's columns come in ascending id, and local ids ascend with the id inside each group
-    (owned; the halo rows of one owner), so sorting a row is a stable counting sort by group
-    (0 owned, 1 + owner): O(row + parts) with no comparisons. Where parts outnumber a row's
-    entries a comparison sort is cheaper (insertion for short rows)."""
+    (owned; the halo rows of one owner), so sorting a row is a stable counting sort by group:
+    O(row + parts) with no comparisons. Where parts outnumber a row's entries a comparison sort
+    is cheaper (insertion for short rows)."""
     cols, raw, tmp_c, tmp_w = scratch
     key = np.empty(cols.shape[0], np.int64)
     perm = np.empty(cols.shape[0], np.int64)
     group = np.empty(cols.shape[0], np.int64)
+    cnorm = np.empty(cols.shape[0], np.float64)
     start = np.zeros(parts + 2, np.int64)
+    mask = (np.int64(1) << GROUP_SHIFT) - 1
     pos = 0
     out_indptr[0] = 0
     for i in range(owned.shape[0]):
@@ -187,17 +230,18 @@ def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, col
                             tmp_c, tmp_w)
         ordered = True
         for j in range(k):
-            key[j] = colmap[cols[j]]
+            c = cols[j]
+            entry = table[c, 0]
+            cnorm[j] = table_f[c, 1]
+            key[j] = entry & mask
+            group[j] = entry >> GROUP_SHIFT
             perm[j] = j
             if j and key[j] < key[j - 1]:
                 ordered = False
         if not ordered:  # keys are distinct: any sort gives the one order
             if parts + 1 <= 4 * k:
                 for j in range(k):
-                    o = owner[cols[j]]
-                    g = 0 if o == part else o + 1
-                    group[j] = g
-                    start[g + 1] += 1
+                    start[group[j] + 1] += 1
                 for g in range(1, parts + 2):
                     start[g] += start[g - 1]
                 for j in range(k):
@@ -218,13 +262,12 @@ def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, col
         rv, iv = rinv[v], inv[v]
         for t in range(k):
             j = perm[t]
-            c = cols[j]
             r = raw[j]
             out_cols[pos] = key[j]
             out_raw[pos] = r
             out_orig[pos] = j != diag or hl
             wg = 1.0 if j == diag else r
-            out_gcn[pos] = np.float32(wg * rv * cinv[c])
+            out_gcn[pos] = np.float32(wg * rv * cnorm[j])
             out_mean[pos] = np.float32(r * iv)
             pos += 1
         out_indptr[i + 1] = pos

@@ -62,7 +62,7 @@ from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.cache import stored_fingerprint
 
 from .partition import Partition
-from .node_stream import write_node_arrays
+from .node_stream import FeatureBlocks, write_small_arrays
 from .part_pool import map_parts
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards, kernels  # noqa: F401
 from .shard_check import validate_shard
@@ -132,9 +132,11 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     """Write one folder per part plus ``meta.json`` (see module docstring); returns the meta.
 
     Streams: the global passes keep O(n) vectors (:class:`ShardBuilder`), each part's rows are
-    made and written on their own (over ``jobs`` forked processes), and ``x`` goes to every part
-    in row blocks (``partitioners/node_stream.py``; ``row_block`` rows a block, default about
-    64 MiB), so no copy of the graph or of its features is held. ``builder`` reuses passes
+    made and written on their own, and ``x`` goes to every part in row blocks
+    (``partitioners/node_stream.py``; ``row_block`` rows a block, default about 64 MiB), so no
+    copy of the graph or of its features is held. The parts (biggest first) and then the
+    feature blocks are the tasks of one pool of ``jobs`` forked processes, so the blocks fill
+    in while the last parts finish. ``builder`` reuses passes
     already made for ``graph`` and ``partition`` (the quality report's). ``progress(msg)`` is
     called before each long step. ``source`` (:func:`dataset_source`) is recorded in
     ``meta.json`` so readers can match a dataset spec cheaply. ``out_dir`` must pass
@@ -167,19 +169,32 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         shutil.rmtree(os.path.join(out_dir, GRID_DIR))
     tmps = [_start_folder(part_dir(out_dir, rank)) for rank in range(P)]
 
-    def structure(plan: ShardBuilder, rank: int) -> dict:
-        arrays = plan.structure(rank)
+    say(f"features and labels of {graph.num_nodes:,} vertices")
+    write_small_arrays(graph, partition, tmps)
+    blocks = FeatureBlocks(graph, partition, tmps, row_block)
+    blocks.prepare()
+
+    def task(plan: ShardBuilder, job: tuple):
+        kind, i = job
+        if kind == "x":  # a block of feature rows, beside the parts' rows in the pool
+            rows = blocks.write(i)
+            if i % 8 == 7:
+                say(f"features: block {i + 1}/{len(blocks)} ({rows:,} rows)")
+            return None
+        arrays = plan.structure(i)
         for rel, arr in _structure_files(arrays).items():
-            np.save(os.path.join(tmps[rank], rel), np.ascontiguousarray(arr))
+            np.save(os.path.join(tmps[i], rel), np.ascontiguousarray(arr))
         plan.release()
-        say(f"rows of part {rank + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
+        say(f"rows of part {i + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
             f"{arrays['halo_ids'].shape[0]:,} halo rows")
         return {"n_local": int(arrays["global_ids"].shape[0]),
                 "n_halo": int(arrays["halo_ids"].shape[0]), "nnz": int(arrays["indices"].shape[0])}
 
-    counts = map_parts(builder, structure, range(P), builder.jobs, before_fork=kernels)
-    say(f"features and labels of {graph.num_nodes:,} vertices")
-    write_node_arrays(graph, partition, tmps, row_block=row_block, progress=say)
+    # the biggest parts first, the feature blocks last: they fill in while the last rows finish
+    by_size = sorted(range(P), key=lambda r: -int(builder.part_nnz[r]))
+    jobs = [("rows", r) for r in by_size] + [("x", i) for i in range(len(blocks))]
+    results = map_parts(builder, task, jobs, builder.jobs, before_fork=kernels)
+    counts = {job[1]: res for job, res in zip(jobs, results) if job[0] == "rows"}
     for rank in range(P):
         manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank, **counts[rank]}
         _finish_folder(tmps[rank], part_dir(out_dir, rank), manifest)

@@ -11,6 +11,8 @@ import pytest
 from gnnpar.datasets import Graph, InputError, split_masks
 from gnnpar.partitioners import Partition, load_shard, partition_graph, write_shards
 from gnnpar.partitioners.shard_build import ShardBuilder
+from gnnpar.partitioners.csr_rows import is_canonical
+from gnnpar.partitioners.shard_kernels import kernels
 
 from .graphs import random_graph
 from .shard_reference import reference_shards
@@ -165,3 +167,23 @@ def test_symmetry_check_without_a_transpose():
     indptr, indices = np.arange(n + 1), (np.arange(n) + 1) % n
     assert not is_symmetric_canonical(indptr, indices)
     assert is_symmetric_canonical(np.arange(n + 1), np.arange(n))  # loops only
+
+
+@pytest.mark.parametrize("name", ["plain", "directed-loops"])
+def test_unit_weight_degree_pass_equals_the_general_one(name):
+    """Canonical graphs without weights take degree_pass_unit: same sums, bit for bit."""
+    g = GRAPHS[name]()
+    indptr, indices = np.asarray(g.indptr), np.asarray(g.indices)
+    assert g.edge_weight is None and is_canonical(indptr, indices)
+    n = g.num_nodes
+    unit = [np.zeros(n) for _ in range(3)]
+    general = [np.zeros(n) for _ in range(3)]
+    k = kernels()
+    m = int(np.diff(indptr).max()) + 1
+    scratch = (np.empty(m, np.int64), np.empty(m), np.empty(m, np.int64), np.empty(m))
+    nnz_unit = k.degree_pass_unit(indptr, indices, *unit)
+    nnz = k.degree_pass(indptr, indices, np.zeros(1), False, True, scratch, *general,
+                        np.zeros((2, 4)))
+    assert nnz_unit == nnz
+    for a, b in zip(unit, general):
+        np.testing.assert_array_equal(a.view(np.int64), b.view(np.int64))
