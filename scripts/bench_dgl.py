@@ -71,6 +71,10 @@ spread of the per-round ratios and of the epoch-to-epoch ratios (gnnpar epoch k 
 k of the same round, k ≥ 2), and each side's per-epoch times are printed per round with the
 load average. The last line is JSON with every number.
 
+``--busy N`` holds N cores with one spinning process each during the timed rounds (after the
+graphs are built), both sides alike: issue 25's "under load" figure, to set beside the same
+command without it.
+
 Mind the load average, printed at start and end (and per round for ``train``): with more
 runnable threads than cores, work split over an OpenMP pool stalls at every barrier: DGL's
 multi-threaded sampling (fused or not) and any op on 2 torch threads, DGL's training step
@@ -367,6 +371,13 @@ def print_table(rows, res):
                   " without it)")
 
 
+def busy_loops(n: int) -> list:
+    """``n`` processes that each spin on one core until killed (``--busy``)."""
+    if n:
+        print(f"holding {n} core(s) with busy loops during the rounds", flush=True)
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
@@ -400,6 +411,9 @@ def main(argv=None) -> int:
     p.add_argument("--gnnpar-flags", default="",
                    help="train: more gnnpar-train flags, space-separated (e.g. "
                         "'--macrobatch 4'); they change only gnnpar's side")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="hold N cores with busy loops (one process each) during the timed "
+                        "rounds, both sides alike: the under-load figure (default 0)")
     p.add_argument("--json", default=None, help="also write the JSON result to PATH")
     p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     args = p.parse_args(argv)
@@ -426,6 +440,8 @@ def main(argv=None) -> int:
         for s in scales:
             print(f"build rmat:scale={s},ef={args.ef} (gnnpar), export TMP/graph-s{s}.npz; start "
                   f"{args.venv}/bin/python {os.path.relpath(SIDE)} TMP/graph-s{s}.npz")
+        if args.busy:
+            print(f"then hold {args.busy} core(s) with busy loops during the rounds")
         for r in range(args.rounds):
             for key, label, s, (fn, kw), req in rows:
                 what = f"gnnpar {fn}({kw})"
@@ -441,7 +457,7 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     print(f"cpus {os.cpu_count()}, load average {load0:.2f}"
           + (" (busy machine: expect noise)" if load0 > 2 else ""), flush=True)
-    gp, dg = {}, {}
+    gp, dg, hogs = {}, {}, []
     with tempfile.TemporaryDirectory(prefix="gnnpar-bench-dgl-") as tmp:
         try:
             for s in scales:
@@ -456,6 +472,7 @@ def main(argv=None) -> int:
                 if err > 1e-4:
                     raise SystemExit(f"scale {s}: DGL's GCN normalisation differs from gnnpar's")
             runs = {key: {"gnnpar": [], "dgl": []} for key, *_ in rows}
+            hogs += busy_loops(args.busy)
             for r in range(args.rounds):
                 dgl_done = {}
                 for key, label, s, (fn, kw), req in rows:
@@ -474,6 +491,9 @@ def main(argv=None) -> int:
                           + ("" if fn == "step" else f"  (edges/mb {out['edges_per_mb']:.0f} vs "
                              f"{dgl_done[tag]['edges_per_mb']:.0f})"), flush=True)
         finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
             for side in dg.values():
                 side.close()
     res = {}
