@@ -30,54 +30,62 @@ import numpy as np
 import torch
 
 from .cpu_spmm import available, pool_threads, run_parallel, written
+from .jit import compile_module
 
 #: elements per parallel chunk (a multiple of 4: one hash serves four elements)
 CHUNK = 1 << 16
+prange = range  # numba.prange once the pass is compiled (gnnpar.kernels.jit)
+# the compiled functions, set by _compiled()
+pick = splitmix = masked_scale_pass = None
+
+
+def _pick(v, lane, c, drop_units, scale, relu):  # pragma: no cover - compiled
+    # a select, not a product with a 0/1 factor: inf·0 and NaN·0 would be NaN
+    if lane < drop_units or (relu and c <= np.float32(0.0)):
+        return np.float32(0.0)
+    return v * scale
+
+
+def _splitmix(seed, g):  # pragma: no cover - compiled
+    z = seed + np.uint64(g) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _masked_scale_pass(src, cond, out, seed, drop_units, scale, relu):  # pragma: no cover
+    n = src.shape[0]
+    groups = n // 4
+    chunk = CHUNK // 4
+    m = np.uint64(0xFFFF)
+    for c in prange((groups + chunk - 1) // chunk):
+        for g in range(c * chunk, min(groups, (c + 1) * chunk)):
+            z = splitmix(seed, g)
+            i = 4 * g
+            out[i] = pick(src[i], z & m, cond[i], drop_units, scale, relu)
+            out[i + 1] = pick(src[i + 1], (z >> np.uint64(16)) & m, cond[i + 1],
+                              drop_units, scale, relu)
+            out[i + 2] = pick(src[i + 2], (z >> np.uint64(32)) & m, cond[i + 2],
+                              drop_units, scale, relu)
+            out[i + 3] = pick(src[i + 3], z >> np.uint64(48), cond[i + 3],
+                              drop_units, scale, relu)
+    z = splitmix(seed, groups)  # the last n % 4 elements
+    for k in range(n - 4 * groups):
+        i = 4 * groups + k
+        out[i] = pick(src[i], (z >> np.uint64(16 * k)) & m, cond[i], drop_units, scale,
+                      relu)
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled():
-    """``(numba, kernel)``, made on first use (see :mod:`kernels.cpu_spmm`)."""
+    """``(numba, kernel)``, made on first use (see :mod:`kernels.cpu_spmm`): the pass and
+    the two functions it inlines are module-level (:func:`gnnpar.kernels.jit.compile_module`),
+    so numba's disk cache finds the pass again."""
     import numba
-    from numba import njit, prange
-
-    @njit(inline="always")
-    def _pick(v, lane, c, drop_units, scale, relu):  # pragma: no cover - compiled
-        # a select, not a product with a 0/1 factor: inf·0 and NaN·0 would be NaN
-        if lane < drop_units or (relu and c <= np.float32(0.0)):
-            return np.float32(0.0)
-        return v * scale
-
-    @njit(inline="always")
-    def _hash(seed, g):  # pragma: no cover - compiled
-        z = seed + np.uint64(g) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-    @njit(parallel=True, cache=True, nogil=True)
-    def _masked_scale(src, cond, out, seed, drop_units, scale, relu):  # pragma: no cover
-        n = src.shape[0]
-        groups = n // 4
-        chunk = CHUNK // 4
-        m = np.uint64(0xFFFF)
-        for c in prange((groups + chunk - 1) // chunk):
-            for g in range(c * chunk, min(groups, (c + 1) * chunk)):
-                z = _hash(seed, g)
-                i = 4 * g
-                out[i] = _pick(src[i], z & m, cond[i], drop_units, scale, relu)
-                out[i + 1] = _pick(src[i + 1], (z >> np.uint64(16)) & m, cond[i + 1],
-                                   drop_units, scale, relu)
-                out[i + 2] = _pick(src[i + 2], (z >> np.uint64(32)) & m, cond[i + 2],
-                                   drop_units, scale, relu)
-                out[i + 3] = _pick(src[i + 3], z >> np.uint64(48), cond[i + 3],
-                                   drop_units, scale, relu)
-        z = _hash(seed, groups)  # the last n % 4 elements
-        for k in range(n - 4 * groups):
-            i = 4 * groups + k
-            out[i] = _pick(src[i], (z >> np.uint64(16 * k)) & m, cond[i], drop_units, scale,
-                           relu)
-    return numba, _masked_scale
+    compile_module(__name__, ("pick", "splitmix"), inline="always")
+    kernels = compile_module(__name__, ("masked_scale_pass",), parallel=True, cache=True,
+                             nogil=True)
+    return numba, kernels.masked_scale_pass
 
 
 #: dtypes the pass serves; bf16/fp16 (``--precision bf16``) go through a float32 copy, so a

@@ -56,7 +56,6 @@ float32, H (n_src, f) float32 or bf16 → Z (n_dst, f) in H's dtype.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import sys
 import threading
@@ -66,66 +65,73 @@ import numpy as np
 import torch
 
 from . import triton_spmm
+from .jit import compile_module, numba_installed
 
 #: blocks per thread: enough to even out rows of unequal cost, few enough to stay cheap
 BLOCKS_PER_THREAD = 8
 ENV = "GNNPAR_SPMM"
 _LOCK = threading.Lock()
+prange = range  # numba.prange once the kernels are compiled (gnnpar.kernels.jit)
+# the compiled kernels, set by _compiled()
+spmm_blocks = spmm_blocks_bf16 = None
+
+
+def _spmm_blocks(indptr, indices, values, h, out, bounds):  # pragma: no cover - compiled
+    f = h.shape[1]
+    for b in prange(bounds.shape[0] - 1):
+        for i in range(bounds[b], bounds[b + 1]):
+            acc = out[i]
+            for j in range(f):
+                acc[j] = 0.0
+            for e in range(indptr[i], indptr[i + 1]):
+                v = values[e]
+                row = h[indices[e]]
+                for j in range(f):
+                    acc[j] += v * row[j]
+
+
+def _spmm_blocks_bf16(indptr, indices, values, h, out, bounds):  # pragma: no cover
+    # h, out: the bf16 bit patterns as uint16. A bf16 is the top half of a float32, so
+    # widening is a shift; each row is summed in float32 as the float32 kernel sums it
+    # and rounded once, to nearest even as torch rounds (NaN → torch's quiet NaN).
+    f = h.shape[1]
+    for b in prange(bounds.shape[0] - 1):
+        acc = np.empty(f, np.float32)
+        acc_bits = acc.view(np.uint32)
+        wide = np.empty(f, np.uint32)
+        wide_f = wide.view(np.float32)
+        for i in range(bounds[b], bounds[b + 1]):
+            for j in range(f):
+                acc[j] = 0.0
+            for e in range(indptr[i], indptr[i + 1]):
+                v = values[e]
+                row = h[indices[e]]
+                for j in range(f):
+                    wide[j] = np.uint32(row[j]) << np.uint32(16)
+                for j in range(f):
+                    acc[j] += v * wide_f[j]
+            o = out[i]
+            for j in range(f):
+                bits = acc_bits[j]
+                if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+                    o[j] = np.uint16(0x7FC0)
+                else:
+                    o[j] = np.uint16((bits + np.uint32(0x7FFF)
+                                      + ((bits >> np.uint32(16)) & np.uint32(1)))
+                                     >> np.uint32(16))
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled():
-    """``(numba, kernel)``, made on first use: importing numba takes most of a second, which
-    no process that never multiplies on a CPU (a launcher, ``--help``) should pay; the machine
-    code itself is cached on disk (``cache=True``)."""
+    """``(numba, {dtype: kernel})``, made on first use: importing numba takes most of a
+    second, which no process that never multiplies on a CPU (a launcher, ``--help``) should
+    pay; the kernels are module-level functions (:func:`gnnpar.kernels.jit.compile_module`),
+    so their machine code is cached on disk (``cache=True``). One dict per process: every
+    product looks its kernel up there."""
     import numba
-    from numba import njit, prange
-
-    @njit(parallel=True, cache=True, nogil=True)
-    def _spmm_blocks(indptr, indices, values, h, out, bounds):  # pragma: no cover - compiled
-        f = h.shape[1]
-        for b in prange(bounds.shape[0] - 1):
-            for i in range(bounds[b], bounds[b + 1]):
-                acc = out[i]
-                for j in range(f):
-                    acc[j] = 0.0
-                for e in range(indptr[i], indptr[i + 1]):
-                    v = values[e]
-                    row = h[indices[e]]
-                    for j in range(f):
-                        acc[j] += v * row[j]
-
-    @njit(parallel=True, cache=True, nogil=True)
-    def _spmm_blocks_bf16(indptr, indices, values, h, out, bounds):  # pragma: no cover
-        # h, out: the bf16 bit patterns as uint16. A bf16 is the top half of a float32, so
-        # widening is a shift; each row is summed in float32 as the float32 kernel sums it
-        # and rounded once, to nearest even as torch rounds (NaN → torch's quiet NaN).
-        f = h.shape[1]
-        for b in prange(bounds.shape[0] - 1):
-            acc = np.empty(f, np.float32)
-            acc_bits = acc.view(np.uint32)
-            wide = np.empty(f, np.uint32)
-            wide_f = wide.view(np.float32)
-            for i in range(bounds[b], bounds[b + 1]):
-                for j in range(f):
-                    acc[j] = 0.0
-                for e in range(indptr[i], indptr[i + 1]):
-                    v = values[e]
-                    row = h[indices[e]]
-                    for j in range(f):
-                        wide[j] = np.uint32(row[j]) << np.uint32(16)
-                    for j in range(f):
-                        acc[j] += v * wide_f[j]
-                o = out[i]
-                for j in range(f):
-                    bits = acc_bits[j]
-                    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-                        o[j] = np.uint16(0x7FC0)
-                    else:
-                        o[j] = np.uint16((bits + np.uint32(0x7FFF)
-                                          + ((bits >> np.uint32(16)) & np.uint32(1)))
-                                         >> np.uint32(16))
-    return numba, {torch.float32: _spmm_blocks, torch.bfloat16: _spmm_blocks_bf16}
+    kernels = compile_module(__name__, ("spmm_blocks", "spmm_blocks_bf16"), parallel=True,
+                             cache=True, nogil=True)
+    return numba, {torch.float32: kernels.spmm_blocks, torch.bfloat16: kernels.spmm_blocks_bf16}
 
 
 def available() -> bool:
@@ -134,7 +140,7 @@ def available() -> bool:
     too: an abort at exit once seen there with its thread pool ("terminate called without an
     active exception") did not recur in 46 runs, and its likely cause, process groups that
     outlived shutdown, is fixed (:func:`gnnpar.kernels.comm.import_dynamo_first`)."""
-    return mode() != "torch" and _numba_installed()
+    return mode() != "torch" and numba_installed()
 
 
 #: the values of ``GNNPAR_SPMM`` (see the module docstring)
@@ -148,12 +154,6 @@ def mode() -> str:
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: use one of {', '.join(MODES)}")
     return value
-
-
-@functools.lru_cache(maxsize=None)
-def _numba_installed() -> bool:
-    """Looked up once: :func:`available` runs on every product."""
-    return importlib.util.find_spec("numba") is not None
 
 
 def row_blocks(indptr: np.ndarray, parts: int) -> np.ndarray:

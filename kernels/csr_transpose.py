@@ -7,10 +7,11 @@ values in Âᵀ's row order, in their own dtype. Two passes over the entries ins
 count each column, then scatter the entries row by row — entries of one column keep their
 order in Â (row-major), which is what the stable sort gives, so the arrays are identical.
 
-Compiled on first use (numba imported inside the function: importing it costs most of a
-second) and cached on disk; ``nogil``, so sampler worker threads run it beside the trainer.
-Without numba, or with ``GNNPAR_SAMPLER_KERNELS=numpy`` (the samplers' switch,
-:mod:`gnnpar.sampling.fast`), the numpy reference runs.
+A plain module-level function compiled on first use (:func:`gnnpar.kernels.jit.compile_module`;
+importing numba costs most of a second) and cached on disk; ``nogil``, so sampler worker
+threads run it beside the trainer. Without numba, or with ``GNNPAR_SAMPLER_KERNELS=numpy``
+(the samplers' switch, :func:`gnnpar.kernels.jit.sampler_kernels_on`), the numpy reference
+runs.
 
 Input: ``indptr`` (n_dst+1,) with ``indptr[0] == 0`` and ``indptr[-1] == nnz``; ``indices``
 (nnz,) int32 or int64 in ``[0, n_src)`` (not checked); ``values`` (nnz,); ``shape`` =
@@ -18,24 +19,16 @@ Input: ``indptr`` (n_dst+1,) with ``indptr[0] == 0`` and ``indptr[-1] == nnz``; 
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-
 import numpy as np
 
+from .jit import SAMPLER_ENV, compile_module, sampler_kernels_on
+
 #: ``GNNPAR_SAMPLER_KERNELS=numpy`` runs the numpy reference instead (A/B measurements)
-ENV = "GNNPAR_SAMPLER_KERNELS"
-
-
-def available() -> bool:
-    """The compiled kernel runs: numba importable and not switched off through :data:`ENV`."""
-    return os.environ.get(ENV, "numba") != "numpy" and _numba_installed()
-
-
-@functools.lru_cache(maxsize=None)
-def _numba_installed() -> bool:
-    return importlib.util.find_spec("numba") is not None
+ENV = SAMPLER_ENV
+#: ``available()``: the compiled kernel runs (numba importable and not switched off through
+#: :data:`ENV`)
+available = sampler_kernels_on
+transpose = None  # the compiled kernel, set by _compiled()
 
 
 def transpose_csr(indptr, indices, values, shape):
@@ -47,7 +40,7 @@ def transpose_csr(indptr, indices, values, shape):
     if indices.dtype not in (np.int32, np.int64):
         indices = indices.astype(np.int64)
     values = np.ascontiguousarray(values)
-    return _compiled()[0](indptr, indices, values, int(shape[1]))
+    return _compiled().transpose(indptr, indices, values, int(shape[1]))
 
 
 def transpose_csr_numpy(indptr, indices, values, shape):
@@ -83,12 +76,6 @@ def _transpose(indptr, indices, values, n_src):  # pragma: no cover - compiled
     return t_indptr, rows, vals
 
 
-@functools.lru_cache(maxsize=None)
 def _compiled():
-    """The kernels compiled (numba imported here: it costs most of a second). They are
-    module-level functions, so numba's disk cache finds them again: kernels defined inside
-    this function got a new cache entry in every process, and processes starting together
-    wrote their entries under the same file names, so one could load another's code."""
-    from numba import njit
-    jit = njit(cache=True, nogil=True)
-    return tuple(jit(f) for f in (_transpose,))
+    """This module with its kernel compiled (numba imported on the first call)."""
+    return compile_module(__name__, ("transpose",), cache=True, nogil=True)

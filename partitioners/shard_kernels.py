@@ -20,15 +20,16 @@ The passes and what they give:
   and normalised values.
 
 The passes are plain top-level functions compiled by numba on the first :func:`kernels` call
-and cached on disk (numba's cache holds only for module-level functions); numba is imported
-then, not with this module, so a run that only loads finished shards never pays for it. None
-runs threads of its own, so several processes (``gnnpar-partition --jobs``) can each run them.
+(:func:`gnnpar.kernels.jit.compile_module`) and cached on disk (numba's cache holds only for
+module-level functions); numba is imported then, not with this module, so a run that only
+loads finished shards never pays for it. None runs threads of its own, so several processes
+(``gnnpar-partition --jobs``) can each run them.
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
+
+from gnnpar.kernels.jit import compile_module
 
 GROUP_SHIFT = 40  # rows_pass table: a local id takes the bits below, its group those above
 NAMES = ("mix", "s_row", "degree_pass", "degree_pass_unit", "halo_pass", "rows_pass", "symmetric_pass")
@@ -38,12 +39,7 @@ mix = s_row = degree_pass = degree_pass_unit = halo_pass = rows_pass = symmetric
 def kernels():
     """This module with its passes compiled (``kernels().rows_pass(...)``); compiled once per
     process (loaded from numba's cache after the first time)."""
-    module = sys.modules[__name__]
-    if not callable(getattr(module, "symmetric_pass", None)):
-        from numba import njit
-        for name in NAMES:  # callees first: the others call them through these globals
-            setattr(module, name, njit(cache=True, nogil=True)(getattr(module, "_" + name)))
-    return module
+    return compile_module(__name__, NAMES, cache=True, nogil=True)
 
 
 def _s_row(indptr, indices, weight, weighted, canonical, v, cols, raw, tmp_c, tmp_w):

@@ -49,18 +49,20 @@ import os
 import platform
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zipfile
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GNU_TIME = "/usr/bin/time"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timev, beside this script
+
+import timev  # noqa: E402
+from timev import GNU_TIME, loadavg  # noqa: E402
+
 EDGE_CHUNK = 1 << 20  # edges per generator chunk (fixed: the graph does not depend on it elsewhere)
 TOKENS = 1 << 21  # feature values per chunk of rows
 NODE_CHUNK = 1 << 21  # labels / split ids per chunk
@@ -293,38 +295,6 @@ def prepare(work: str, layout: str, params: dict) -> tuple:
 
 
 # ---------------------------------------------------------------- measuring a child
-def parse_gnu_time(text: str) -> dict:
-    """Wall time, peak RSS, CPU times and exit status from ``/usr/bin/time -v`` output."""
-    out = {}
-    for line in text.splitlines():
-        key, _, val = line.strip().rpartition(": ")
-        val = val.strip()
-        try:
-            if key.startswith("Maximum resident set size"):
-                out["max_rss_bytes"] = int(val) * 1024
-            elif key.startswith("Elapsed (wall clock) time"):
-                secs = 0.0
-                for part in val.split(":"):  # h:mm:ss or m:ss.ss
-                    secs = secs * 60 + float(part)
-                out["wall_s"] = secs
-            elif key == "User time (seconds)":
-                out["user_s"] = float(val)
-            elif key == "System time (seconds)":
-                out["sys_s"] = float(val)
-            elif key == "Exit status":
-                out["exit_status"] = int(val)
-        except ValueError:
-            pass
-    return out
-
-
-def loadavg():
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -332,52 +302,14 @@ def child_env() -> dict:
 
 
 def measure(code: str, timeout: float) -> dict:
-    """``python -c code`` alone under ``/usr/bin/time -v`` (or ``os.wait4`` without it):
-    wall time, peak RSS, CPU times, exit status, load averages before and after, stderr tail."""
-    cmd = [sys.executable, "-c", code]
-    use_gnu = os.access(GNU_TIME, os.X_OK)
-    rec = {"command": cmd, "load_before": loadavg()}
-    with tempfile.TemporaryDirectory(prefix="bench-ogb-") as td:
-        tfile, efile = os.path.join(td, "time"), os.path.join(td, "err")
-        full = [GNU_TIME, "-v", "-o", tfile, *cmd] if use_gnu else cmd
-        killed = []
-        with open(efile, "wb") as fe:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=fe, env=child_env(),
-                                    cwd=ROOT, start_new_session=True)
-
-            def kill():
-                killed.append(True)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            timer = threading.Timer(timeout, kill)
-            timer.start()
-            try:
-                _, status, ru = os.wait4(proc.pid, 0)
-            finally:
-                timer.cancel()
-            outer = time.perf_counter() - t0
-        rc = os.waitstatus_to_exitcode(status)
-        rec.update(wall_s=outer, max_rss_bytes=ru.ru_maxrss * 1024, user_s=ru.ru_utime,
-                   sys_s=ru.ru_stime, rc=rc, rss_source="wait4")
-        if use_gnu and os.path.exists(tfile):
-            with open(tfile, errors="replace") as f:
-                gnu = parse_gnu_time(f.read())
-            if "max_rss_bytes" in gnu:
-                rec["rss_source"] = "gnu-time"
-            rec.update({k: v for k, v in gnu.items() if k != "exit_status"})
-            if "exit_status" in gnu and not killed:
-                rec["rc"] = gnu["exit_status"]
-        with open(efile, errors="replace") as f:
-            err = [ln for ln in f.read().splitlines() if ln.strip()]
-    rec["load_after"] = loadavg()
-    rec["timed_out"] = bool(killed)
-    if rec["rc"] != 0 or killed:
-        rec["error"] = f"timed out after {timeout:g} s" if killed else \
-            (err[-1] if err else f"exit status {rec['rc']}")
-        rec["stderr_tail"] = err[-20:]
+    """``python -c code`` alone, from the checkout, under ``/usr/bin/time -v`` (or
+    ``os.wait4`` without it; :func:`timev.measure`): wall time, peak RSS, CPU times, exit
+    status, load averages before and after, stderr tail. The child's stdout, the CPU share
+    and the parent's wall clock are left out, so the record keeps this script's fields."""
+    rec = timev.measure([sys.executable, "-c", code], timeout, env=child_env(), cwd=ROOT,
+                        gnu_time=GNU_TIME)
+    for key in ("cpu_percent", "wall_s_outer", "_stdout"):
+        rec.pop(key, None)
     return rec
 
 

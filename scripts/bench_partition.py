@@ -67,6 +67,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timev, beside this script
+
+import timev  # noqa: E402
+from timev import GNU_TIME, loadavg, parse_gnu_time  # noqa: E402,F401 (parse_gnu_time: tests)
 
 # 8 blocks, mean in-block degree 10, mean cross-block degree 0.5 (n = 100,000: 12,500 per block)
 SBM_N, SBM_BLOCKS = 100_000, 8
@@ -355,7 +359,6 @@ def summarize(results: list, emit) -> None:
 
 
 # ---------------------------------------------------------------------------- --pipeline
-GNU_TIME = "/usr/bin/time"
 GB = 1e9
 RSS_LIMIT = 3 * GB  # issue 24: peak RSS <= 3 GB at scale 21
 RATIO_LIMIT = 1.5  # issue 24: whole command <= 1.5x KaMinPar's own call with all cores
@@ -363,93 +366,10 @@ PHASES = ("load", "partition", "shards", "report")
 NM = "not measured"
 
 
-def parse_gnu_time(text: str) -> dict:
-    """The figures of ``/usr/bin/time -v`` output; a line that is absent gives no key."""
-    out = {}
-    for line in text.splitlines():
-        key, _, val = line.strip().rpartition(": ")
-        val = val.strip()
-        try:
-            if key.startswith("Maximum resident set size"):
-                out["max_rss_bytes"] = int(val) * 1024
-            elif key.startswith("Elapsed (wall clock) time"):
-                secs = 0.0
-                for part in val.split(":"):  # h:mm:ss or m:ss(.ss)
-                    secs = secs * 60 + float(part)
-                out["wall_s"] = secs
-            elif key == "User time (seconds)":
-                out["user_s"] = float(val)
-            elif key == "System time (seconds)":
-                out["sys_s"] = float(val)
-            elif key == "Percent of CPU this job got":
-                out["cpu_percent"] = float(val.rstrip("%"))
-            elif key == "Exit status":
-                out["exit_status"] = int(val)
-        except ValueError:
-            pass
-    return out
-
-
-def loadavg() -> list:
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def measure(cmd: list, timeout: float, env: dict = None) -> dict:
-    """Run ``cmd`` alone under ``/usr/bin/time -v``: wall time, peak RSS (of the process tree,
-    each process individually), CPU times, exit status, load averages, stdout, stderr tail.
-    Without GNU time, ``os.wait4`` gives the same rusage (wall time from the parent's clock)."""
-    import signal
-    use_gnu = os.access(GNU_TIME, os.X_OK)
-    rec = {"command": list(cmd), "load_before": loadavg()}
-    with tempfile.TemporaryDirectory(prefix="bench-measure-") as td:
-        paths = {k: os.path.join(td, k) for k in ("out", "err", "time")}
-        full = [GNU_TIME, "-v", "-o", paths["time"], *cmd] if use_gnu else list(cmd)
-        killed = []
-
-        def kill():
-            killed.append(True)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-        with open(paths["out"], "wb") as fo, open(paths["err"], "wb") as fe:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen(full, stdout=fo, stderr=fe, env=env, start_new_session=True)
-            timer = threading.Timer(timeout, kill)
-            timer.start()
-            try:
-                _, status, ru = os.wait4(proc.pid, 0)
-            finally:
-                timer.cancel()
-            outer = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        rec.update(wall_s=outer, max_rss_bytes=ru.ru_maxrss * 1024, user_s=ru.ru_utime,
-                   sys_s=ru.ru_stime, rc=proc.returncode, rss_source="wait4")
-        if use_gnu and os.path.exists(paths["time"]):
-            with open(paths["time"], errors="replace") as f:
-                gnu = parse_gnu_time(f.read())
-            if "max_rss_bytes" in gnu:
-                rec["rss_source"] = "gnu-time"
-            rec.update({k: v for k, v in gnu.items() if k != "exit_status"})
-            if "exit_status" in gnu and not killed:
-                rec["rc"] = gnu["exit_status"]
-        rec["wall_s_outer"] = outer
-        with open(paths["out"], errors="replace") as f:
-            stdout = f.read()
-        with open(paths["err"], errors="replace") as f:
-            err_lines = f.read().splitlines()
-    rec["load_after"] = loadavg()
-    rec["timed_out"] = bool(killed)
-    if rec["rc"] != 0 or killed:
-        rec["error"] = ("timed out after %g s" % timeout) if killed else \
-            (err_lines[-1] if err_lines else f"exit status {rec['rc']}")
-        rec["stderr_tail"] = err_lines[-20:]
-    rec["_stdout"] = stdout
-    return rec
+    """``cmd`` run alone and measured (:func:`timev.measure`) with this module's
+    :data:`GNU_TIME`, which a test points elsewhere to check the ``os.wait4`` fallback."""
+    return timev.measure(cmd, timeout, env=env, gnu_time=GNU_TIME)
 
 
 def last_json(stdout: str):

@@ -25,34 +25,28 @@ Same numbers: positions and scaled values follow the numpy expressions operation
 operation in float64/float32 (a float32 product computed in float64 and rounded is the
 float32 product: 48 significant bits fit in a double), with no fast-math.
 
-Every kernel is ``nogil``: sampler worker threads run them in parallel. Compiled on first
-use (importing numba takes most of a second) and cached on disk; without numba, or with
+Every kernel is ``nogil``: sampler worker threads run them in parallel. They are plain
+module-level functions compiled on first use (:func:`gnnpar.kernels.jit.compile_module`:
+importing numba takes most of a second) and cached on disk; without numba, or with
 ``GNNPAR_SAMPLER_KERNELS=numpy``, the numpy path runs (:func:`available`).
 
 Shapes: see each function.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
-import os
-
 import numpy as np
 
+from gnnpar.kernels.jit import SAMPLER_ENV, compile_module, sampler_kernels_on
 
 #: ``GNNPAR_SAMPLER_KERNELS=numpy`` runs the numpy reference instead (A/B measurements)
-ENV = "GNNPAR_SAMPLER_KERNELS"
+ENV = SAMPLER_ENV
+#: ``available()``: the kernels run (numba importable and not switched off through
+#: :data:`ENV`); asked on every layer
+available = sampler_kernels_on
 
-
-def available() -> bool:
-    """The kernels run: numba importable and not switched off through :data:`ENV`."""
-    return os.environ.get(ENV, "numba") != "numpy" and _numba_installed()
-
-
-@functools.lru_cache(maxsize=None)
-def _numba_installed() -> bool:
-    """Looked up once: :func:`available` runs on every layer."""
-    return importlib.util.find_spec("numba") is not None
+NAMES = ("positions", "gather_packed", "gather", "scale", "assemble")
+# the compiled kernels, set by _compiled()
+positions = gather_packed = gather = scale = assemble = None
 
 
 def _positions(indptr, rows, fanout, replace, u):  # pragma: no cover
@@ -143,7 +137,7 @@ def _scale(vals, k, deg):  # pragma: no cover
                 vals[q] = vals[q] * f
         e += k[i]
 
-def _relabel_assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma: no cover
+def _assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma: no cover
     # branch-free marking and numbering: whether an id is new is a coin flip to the
     # branch predictor, so every step stores unconditionally and counts with the flag
     r = dst.shape[0]
@@ -206,15 +200,9 @@ def _relabel_assemble(slot, dst, k, cols, self_vals, vals, with_self):  # pragma
     return src, indptr, indices, values
 
 
-@functools.lru_cache(maxsize=None)
 def _compiled():
-    """The kernels compiled (numba imported here: it costs most of a second). They are
-    module-level functions, so numba's disk cache finds them again: kernels defined inside
-    this function got a new cache entry in every process, and processes starting together
-    wrote their entries under the same file names, so one could load another's code."""
-    from numba import njit
-    jit = njit(cache=True, nogil=True)
-    return tuple(jit(f) for f in (_positions, _gather_packed, _gather, _scale, _relabel_assemble))
+    """This module with its kernels compiled (numba imported on the first call)."""
+    return compile_module(__name__, NAMES, cache=True, nogil=True)
 
 
 def sample_rows(indptr: np.ndarray, entries: np.ndarray, kind: str, rows: np.ndarray,
@@ -229,20 +217,20 @@ def sample_rows(indptr: np.ndarray, entries: np.ndarray, kind: str, rows: np.nda
     nodes — are read as one uint64 each (a miss per entry, no strided field access)."""
     if u is not None and np.ndim(u) != 2:
         raise ValueError(f"u must be (drawn rows, fanout), got shape {np.shape(u)}")
-    positions, gather_packed, gather, scale = _compiled()[:4]
+    kernels = _compiled()
     given = np.zeros((0, max(int(fanout), 1))) if u is None else u
-    k, deg, pos, draws = positions(indptr, rows, int(fanout), bool(replace), given)
+    k, deg, pos, draws = kernels.positions(indptr, rows, int(fanout), bool(replace), given)
     if fanout > 0 and (u is None or u.shape != (draws, fanout)):
         raise ValueError(f"u must have shape {(draws, fanout)}, "
                          f"got {None if u is None else u.shape}")
     fields = entries.dtype.fields
     if (entries.dtype.itemsize == 8 and fields["col"] == (np.dtype("<i4"), 0)
             and fields[kind] == (np.dtype("<f4"), 4)):
-        cols, vals = gather_packed(entries.view(np.uint64), pos)
+        cols, vals = kernels.gather_packed(entries.view(np.uint64), pos)
     else:
-        cols, vals = gather(entries["col"], entries[kind], pos)
+        cols, vals = kernels.gather(entries["col"], entries[kind], pos)
     if fanout >= 0:
-        scale(vals, k, deg)
+        kernels.scale(vals, k, deg)
     return k, cols, vals
 
 
@@ -252,5 +240,6 @@ def relabel_assemble(slot: np.ndarray, dst: np.ndarray, k: np.ndarray, cols: np.
     :func:`~gnnpar.sampling.blocks.assemble_block`); ``slot`` (n,) all −1, left all −1.
     Without self entries ``values`` is ``vals`` itself (nothing to interleave)."""
     with_self = bool(np.any(self_vals))
-    src, indptr, indices, values = _compiled()[4](slot, dst, k, cols, self_vals, vals, with_self)
+    src, indptr, indices, values = _compiled().assemble(slot, dst, k, cols, self_vals, vals,
+                                                     with_self)
     return src, indptr, indices, (values if with_self else np.asarray(vals, np.float32))

@@ -45,11 +45,12 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from types import SimpleNamespace
 from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
+
+from gnnpar.kernels.jit import compile_module
 
 from . import fast
 
@@ -258,123 +259,143 @@ def _check_rows(rows: np.ndarray, m: int) -> None:
         raise IndexError(f"row {lo if lo < 0 else hi} of a table of {m} rows")
 
 
+# the compiled passes and the intrinsics they use, set by _kernel()
+prefetch = stream16 = store_fence = copy_row = prefetch_row = copy = order = copy_groups = None
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel():
-    """The compiled passes (compiled on first use, cached on disk), or None without numba or
-    where they cannot be built (then everything runs ``index_select``)."""
+    """This module with its passes compiled (on first use, cached on disk), or None without
+    numba or where they cannot be built (then everything runs ``index_select``). The passes,
+    their inlined helpers and the intrinsics are module-level functions
+    (:func:`gnnpar.kernels.jit.compile_module`): numba's disk cache finds only those again."""
     try:
-        from numba import njit, types
-        from numba.core import cgutils
-        from numba.core.cgutils import ir  # llvmlite's IR builder, as numba's lowering uses
         from numba.core.extending import intrinsic
     except ImportError:
         return None
-
-    def pointer(context, builder, aty, array, i, ity, j, jty):
-        a = context.make_array(aty)(context, builder, array)
-        at = [context.cast(builder, i, ity, types.intp), context.cast(builder, j, jty, types.intp)]
-        return cgutils.get_item_pointer(context, builder, aty, a, at)
-
-    @intrinsic
-    def prefetch(typingctx, arr, i, j):  # pragma: no cover - compiled
-        """Ask for the cache line of ``arr[i, j]`` (read, keep in every cache level)."""
-        def codegen(context, builder, sig, args):
-            ptr = pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1],
-                          args[2], sig.args[2])
-            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                "llvm.prefetch.p0")
-            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-            return context.get_dummy_value()
-        return types.void(arr, i, j), codegen
-
-    @intrinsic
-    def stream16(typingctx, out, o, j, src, r):  # pragma: no cover - compiled
-        """``out[o, j:j+16] = src[r, j:j+16]`` by one non-temporal 64-byte store (the
-        address must be 64-byte aligned: checked by the caller)."""
-        def codegen(context, builder, sig, args):
-            vt = ir.VectorType(ir.FloatType(), 16)
-            dst = pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1],
-                          args[2], sig.args[2])
-            got = pointer(context, builder, sig.args[3], args[3], args[4], sig.args[4],
-                          args[2], sig.args[2])
-            v = builder.load(builder.bitcast(got, vt.as_pointer()), align=4)
-            st = builder.store(v, builder.bitcast(dst, vt.as_pointer()), align=64)
-            st.set_metadata("nontemporal", builder.module.add_metadata(
-                [ir.Constant(ir.IntType(32), 1)]))
-            return context.get_dummy_value()
-        return types.void(out, o, j, src, r), codegen
-
-    @intrinsic
-    def store_fence(typingctx):  # pragma: no cover - compiled
-        """Order the non-temporal stores before whatever follows (another thread reads)."""
-        def codegen(context, builder, sig, args):
-            builder.fence("seq_cst")
-            return context.get_dummy_value()
-        return types.void(), codegen
-
-    @njit(inline="always", nogil=True, boundscheck=False)
-    def copy_row(out, o, src, r, stream):  # pragma: no cover - compiled
-        if stream:
-            for j in range(0, src.shape[1], 16):
-                stream16(out, o, j, src, r)
-        else:
-            for j in range(src.shape[1]):
-                out[o, j] = src[r, j]
-
-    @njit(inline="always", nogil=True, boundscheck=False)
-    def prefetch_row(src, r):  # pragma: no cover - compiled
-        for j in range(0, src.shape[1], 16):  # one prefetch per 64-byte line
-            prefetch(src, r, j)
-
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def _copy(src, rows, out, at, distance, stream):  # pragma: no cover - compiled
-        k = rows.shape[0]
-        scatter = at.shape[0] > 0
-        for i in range(k):
-            if i + distance < k:
-                prefetch_row(src, rows[i + distance])
-            copy_row(out, at[i] if scatter else i, src, rows[i], stream)
-        if stream:
-            store_fence()
-
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def _order(rows, shift, buckets):  # pragma: no cover - compiled
-        # positions of ``rows`` stably counting-sorted by ``rows >> shift``
-        n = rows.shape[0]
-        start = np.zeros(buckets + 1, np.int64)
-        for e in range(n):
-            start[(rows[e] >> shift) + 1] += 1
-        for b in range(buckets):
-            start[b + 1] += start[b]
-        order = np.empty(n, np.int64)
-        for e in range(n):
-            b = rows[e] >> shift
-            order[start[b]] = e
-            start[b] += 1
-        return order
-
-    @njit(cache=True, nogil=True, boundscheck=False)
-    def _copy_groups(src, rows, outs, cut, order, distance, stream):  # pragma: no cover
-        # entry e (of list b: cut[b] <= e < cut[b+1]) goes to row e - cut[b] of outs[b]
-        n = rows.shape[0]
-        which = np.empty(n, np.int32)
-        for b in range(len(outs)):
-            for e in range(cut[b], cut[b + 1]):
-                which[e] = b
-        for p in range(n):
-            if p + distance < n:
-                prefetch_row(src, rows[order[p + distance]])
-            e = order[p]
-            b = which[e]
-            copy_row(outs[b], e - cut[b], src, rows[e], stream)
-        if stream:
-            store_fence()
-
+    compile_module(__name__, ("prefetch", "stream16", "store_fence"), wrap=intrinsic)
+    compile_module(__name__, ("copy_row", "prefetch_row"), inline="always", nogil=True,
+                   boundscheck=False)
+    kernels = compile_module(__name__, ("copy", "order", "copy_groups"), cache=True, nogil=True,
+                             boundscheck=False)
     try:  # an LLVM that names an intrinsic otherwise: index_select instead
         probe = np.zeros((2, 16), np.float32)
-        _copy(probe, np.zeros(1, np.int64), probe, np.zeros(0, np.int64), 1, False)
+        kernels.copy(probe, np.zeros(1, np.int64), probe, np.zeros(0, np.int64), 1, False)
     except Exception:  # noqa: BLE001 - numba's lowering errors have many types
         return None
-    return SimpleNamespace(copy=_copy, order=_order, copy_groups=_copy_groups)
+    return kernels
+
+
+def _pointer(context, builder, aty, array, i, ity, j, jty):
+    """LLVM pointer to ``array[i, j]`` (``i``, ``j`` of numba types ``ity``, ``jty``)."""
+    from numba import types
+    from numba.core import cgutils
+    a = context.make_array(aty)(context, builder, array)
+    at = [context.cast(builder, i, ity, types.intp), context.cast(builder, j, jty, types.intp)]
+    return cgutils.get_item_pointer(context, builder, aty, a, at)
+
+
+def _prefetch(typingctx, arr, i, j):  # pragma: no cover - compiled
+    """Ask for the cache line of ``arr[i, j]`` (read, keep in every cache level)."""
+    from numba import types
+    from numba.core import cgutils
+    from numba.core.cgutils import ir  # llvmlite's IR builder, as numba's lowering uses
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                       args[2], sig.args[2])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(arr, i, j), codegen
+
+
+def _stream16(typingctx, out, o, j, src, r):  # pragma: no cover - compiled
+    """``out[o, j:j+16] = src[r, j:j+16]`` by one non-temporal 64-byte store (the
+    address must be 64-byte aligned: checked by the caller)."""
+    from numba import types
+    from numba.core.cgutils import ir
+
+    def codegen(context, builder, sig, args):
+        vt = ir.VectorType(ir.FloatType(), 16)
+        dst = _pointer(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                       args[2], sig.args[2])
+        got = _pointer(context, builder, sig.args[3], args[3], args[4], sig.args[4],
+                       args[2], sig.args[2])
+        v = builder.load(builder.bitcast(got, vt.as_pointer()), align=4)
+        st = builder.store(v, builder.bitcast(dst, vt.as_pointer()), align=64)
+        st.set_metadata("nontemporal", builder.module.add_metadata(
+            [ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+    return types.void(out, o, j, src, r), codegen
+
+
+def _store_fence(typingctx):  # pragma: no cover - compiled
+    """Order the non-temporal stores before whatever follows (another thread reads)."""
+    from numba import types
+
+    def codegen(context, builder, sig, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+def _copy_row(out, o, src, r, stream):  # pragma: no cover - compiled
+    if stream:
+        for j in range(0, src.shape[1], 16):
+            stream16(out, o, j, src, r)
+    else:
+        for j in range(src.shape[1]):
+            out[o, j] = src[r, j]
+
+
+def _prefetch_row(src, r):  # pragma: no cover - compiled
+    for j in range(0, src.shape[1], 16):  # one prefetch per 64-byte line
+        prefetch(src, r, j)
+
+
+def _copy(src, rows, out, at, distance, stream):  # pragma: no cover - compiled
+    k = rows.shape[0]
+    scatter = at.shape[0] > 0
+    for i in range(k):
+        if i + distance < k:
+            prefetch_row(src, rows[i + distance])
+        copy_row(out, at[i] if scatter else i, src, rows[i], stream)
+    if stream:
+        store_fence()
+
+
+def _order(rows, shift, buckets):  # pragma: no cover - compiled
+    # positions of ``rows`` stably counting-sorted by ``rows >> shift``
+    n = rows.shape[0]
+    start = np.zeros(buckets + 1, np.int64)
+    for e in range(n):
+        start[(rows[e] >> shift) + 1] += 1
+    for b in range(buckets):
+        start[b + 1] += start[b]
+    order = np.empty(n, np.int64)
+    for e in range(n):
+        b = rows[e] >> shift
+        order[start[b]] = e
+        start[b] += 1
+    return order
+
+
+def _copy_groups(src, rows, outs, cut, order, distance, stream):  # pragma: no cover
+    # entry e (of list b: cut[b] <= e < cut[b+1]) goes to row e - cut[b] of outs[b]
+    n = rows.shape[0]
+    which = np.empty(n, np.int32)
+    for b in range(len(outs)):
+        for e in range(cut[b], cut[b + 1]):
+            which[e] = b
+    for p in range(n):
+        if p + distance < n:
+            prefetch_row(src, rows[order[p + distance]])
+        e = order[p]
+        b = which[e]
+        copy_row(outs[b], e - cut[b], src, rows[e], stream)
+    if stream:
+        store_fence()
