@@ -136,8 +136,8 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     (``partitioners/node_stream.py``; ``row_block`` rows a block, default about 64 MiB), so no
     copy of the graph or of its features is held. The parts (biggest first) and then the
     feature blocks are the tasks of one pool of ``jobs`` forked processes, so the blocks fill
-    in while the last parts finish. ``builder`` reuses passes
-    already made for ``graph`` and ``partition`` (the quality report's). ``progress(msg)`` is
+    in while the last parts finish. ``builder`` reuses passes already made for ``graph`` and
+    ``partition`` (the quality report's). ``progress(msg)`` is
     called before each long step. ``source`` (:func:`dataset_source`) is recorded in
     ``meta.json`` so readers can match a dataset spec cheaply. ``out_dir`` must pass
     :func:`check_shard_folder` (``what`` names it in messages). ``validated``: the caller has
