@@ -68,6 +68,7 @@ BOUNDS = {
     "jobs": Bound(1, MAX_THREADS, "processes of one machine"),
     "seed": Bound(0, MAX_SEED, "the range every random generator accepts"),
     "hidden": Bound(1, MAX_WIDTH, "features of a layer"),
+    "heads": Bound(1, MAX_WIDTH, "heads of a layer, each at least one feature wide"),
     "feat_width": Bound(1, MAX_WIDTH, "features of a layer"),
     "layers": Bound(1, MAX_LAYERS, "layers of a model"),
     "parts": Bound(1, MAX_RANKS, "ranks of a world"),

@@ -155,6 +155,8 @@ def save_weights(path: str, model, spec, shapes: Dict[str, int]) -> None:
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
     payload = {"state_dict": weights, "model": spec.model, "layers": spec.layers,
                "hidden": spec.hidden, **shapes}
+    if spec.model == "gat":
+        payload["heads"] = getattr(spec, "heads", None)
     if os.path.exists(path) and not os.path.isfile(path):  # a device such as /dev/null
         torch.save(payload, path)
         return

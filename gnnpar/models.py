@@ -43,6 +43,7 @@ from torch.nn import functional as F
 
 from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
 from .dropout import _check, _seed, _units  # the fused SAGE layer draws its mask as they do
+from .attention import GAT_HEADS, GATLayer, gat_layers
 from .kernels import sage_fused
 from .product_order import aggregate_first_op
 
@@ -147,7 +148,7 @@ def _epilogue(p: float, training: bool) -> sage_fused.Epilogue:
     return (_seed(), *_units(p))
 
 
-LAYERS = {"gcn": GCNLayer, "sage": SAGELayer}
+LAYERS = {"gcn": GCNLayer, "sage": SAGELayer, "gat": GATLayer}
 
 Ops = Union[object, Sequence[object]]
 
@@ -161,17 +162,29 @@ class GNN(nn.Module):
 
     ``forward(ops, x)``: ``ops`` is one operator used by every layer (full batch) or a list with
     one operator per layer (mini-batch blocks, outermost first).
+
+    ``kind="gat"`` (:mod:`gnnpar.attention`): ``heads`` heads (default :data:`GAT_HEADS`),
+    ``hidden`` a hidden layer's width in all (a multiple of ``heads``), ELU and dropout
+    between layers as in the GAT paper, and ``attn_dropout`` (default ``dropout``) on the
+    attention coefficients.
     """
 
     def __init__(self, kind: str, f_in: int, hidden: int, f_out: int, layers: int = 2,
-                 dropout: float = 0.5):
+                 dropout: float = 0.5, heads: Optional[int] = None,
+                 attn_dropout: Optional[float] = None):
         super().__init__()
         if kind not in LAYERS:
             raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(LAYERS)}")
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers}")
+        if heads is not None and kind != "gat":
+            raise ValueError(f"heads are GAT's; model {kind!r} has none")
         layer = LAYERS[kind]
         self.kind, self.norm, self.dropout = kind, layer.norm, dropout
+        self.attn_dropout = dropout if attn_dropout is None else attn_dropout
+        if kind == "gat":
+            self.layers = gat_layers(f_in, hidden, f_out, layers, heads or GAT_HEADS)
+            return
         widths = [f_in] + [hidden] * (layers - 1) + [f_out]
         self.layers = nn.ModuleList(layer(a, b) for a, b in zip(widths[:-1], widths[1:]))
 
@@ -183,7 +196,11 @@ class GNN(nn.Module):
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             op = ops[i] if per_layer else ops
-            if i == last:
+            if self.kind == "gat":  # ELU between layers, as the GAT paper
+                h = layer(op, h, (self.attn_dropout, self.training))
+                if i != last:
+                    h = dropout(F.elu(h), self.dropout, self.training)
+            elif i == last:
                 h = layer(op, h)
             elif hasattr(layer, "unbiased") and fuses_bias(h, self.dropout, self.training):
                 # the bias add, ReLU and the next layer's input dropout in one GPU pass
@@ -197,5 +214,6 @@ class GNN(nn.Module):
         return h
 
 
-def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float) -> GNN:
-    return GNN(kind, f_in, hidden, f_out, layers, dropout)
+def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float,
+                heads: Optional[int] = None, attn_dropout: Optional[float] = None) -> GNN:
+    return GNN(kind, f_in, hidden, f_out, layers, dropout, heads, attn_dropout)

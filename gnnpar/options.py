@@ -18,6 +18,7 @@ from gnnpar.kernels.entry import LAYOUT_FLAGS
 from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
+from .attention import GAT_HEADS
 from .cli_common import check_bounds
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
@@ -58,7 +59,7 @@ def __getattr__(name: str):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gnnpar-train",
-        description="Train a GCN or GraphSAGE model, serially or distributed.",
+        description="Train a GCN, GraphSAGE or GAT model, serially or distributed.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d = p.add_argument_group("data")
     d.add_argument("--dataset", default=None,
@@ -76,10 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "single-process full-batch run; none for mini batch and "
                         "distributed runs)")
     m = p.add_argument_group("model")
-    m.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
+    m.add_argument("--model", choices=("gcn", "sage", "gat"), default="gcn",
+                   help="layer type (gat: full batch with --algo serial so far)")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")
-    m.add_argument("--hidden", type=int, default=64, help="hidden width (features)")
+    m.add_argument("--hidden", type=int, default=64,
+                   help="hidden width (features); with --model gat the width in all, heads x "
+                        "width per head, so a multiple of --heads")
     m.add_argument("--dropout", type=float, default=0.5, help="dropout probability")
+    m.add_argument("--heads", type=int, default=None,
+                   help="--model gat: attention heads (default 8); hidden layers concatenate "
+                        "them, the output layer averages them")
+    m.add_argument("--attn-dropout", type=float, default=None,
+                   help="--model gat: dropout on the attention coefficients (default: "
+                        "--dropout's)")
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=int, default=100, help="full-batch epochs")
     t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
@@ -198,11 +208,33 @@ def check_args(args) -> None:
     if args.profile is not None and not 0 <= args.profile < args.epochs:
         raise InputError(f"--profile {args.profile} is not an epoch of this run "
                          f"(0..{args.epochs - 1})")
+    check_attention_args(args)
     check_model_args(args)
     apply_max_memory(args)
     check_sizes(args)
     check_output_paths(args)
     check_checkpoint_args(args)
+
+
+def check_attention_args(args) -> None:
+    """``--heads``/``--attn-dropout`` only with ``--model gat``, whose runs are refused where
+    its edge-valued operations are not served yet (``gnnpar/attention.py``)."""
+    if args.model != "gat":
+        for flag, value in (("--heads", args.heads), ("--attn-dropout", args.attn_dropout)):
+            if value is not None:
+                raise InputError(f"{flag} sets the attention of --model gat; --model "
+                                 f"{args.model} has none")
+        return
+    if args.algo != "serial" or args.mode != "fullbatch" or (args.nprocs or 1) > 1:
+        raise InputError("--model gat runs in full batch with --algo serial so far (the "
+                         "distributed algorithms and sampled blocks do not serve its "
+                         "edge-valued operations yet)")
+    heads = GAT_HEADS if args.heads is None else args.heads  # >= 1: check_bounds
+    if args.hidden % heads:
+        raise InputError(f"--hidden {args.hidden} is a GAT hidden layer's width in all (heads x "
+                         f"width per head): it must be a multiple of --heads {heads}")
+    if args.attn_dropout is not None and not 0.0 <= args.attn_dropout < 1.0:
+        raise InputError(f"--attn-dropout must be in [0, 1), got {args.attn_dropout}")
 
 
 def check_sizes(args) -> None:

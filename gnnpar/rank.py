@@ -82,7 +82,7 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     f_in, f_out = _dims(data)
     torch.manual_seed(spec.seed)  # identical initial weights on every rank
     model = build_model(spec.model, f_in, spec.hidden, f_out, spec.layers,
-                        spec.dropout).to(device)
+                        spec.dropout, spec.heads, spec.attn_dropout).to(device)
     if source is not None:
         torch.manual_seed(spec.seed * 1000003 + rank)  # dropout masks differ between ranks
     build = _minibatch if spec.minibatch else _fullbatch

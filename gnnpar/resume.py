@@ -318,6 +318,9 @@ def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
             "weight_decay": float(spec.weight_decay),
             "variant": getattr(spec, "variant", None),
             "replication": getattr(spec, "replication", None)}
+    if spec.model == "gat":
+        meta.update({"heads": getattr(spec, "heads", None),
+                     "attn_dropout": getattr(spec, "attn_dropout", None)})
     if mode == "minibatch":
         macro = getattr(spec, "macrobatch", None)
         meta.update({"fanouts": list(parse_fanouts(spec.fanouts)),

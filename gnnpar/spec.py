@@ -43,6 +43,8 @@ class RunSpec:
     layers: int = 2
     hidden: int = 64
     dropout: float = 0.5
+    heads: Optional[int] = None
+    attn_dropout: Optional[float] = None
     # training
     epochs: int = 100
     lr: float = 0.01

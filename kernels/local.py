@@ -22,6 +22,7 @@ import torch
 
 from . import csr_transpose
 from .cpu_spmm import csr_mm
+from .edge_ops import CsrEdges
 
 # torch warns once per process that sparse CSR is "beta"; the ops used here are stable.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
@@ -158,7 +159,15 @@ class SparseOperator:
 
     def to(self, device) -> "SparseOperator":
         self.A, self.AT = self.A.to(device), self.AT.to(device)
+        self._edges = None
         return self
+
+    def edges(self):
+        """Â's structure as an edge-valued operator (:class:`~.edge_ops.CsrEdges`, for
+        attention layers), made on first use and kept."""
+        if getattr(self, "_edges", None) is None:  # (a sampled block's operator sets no slot)
+            self._edges = CsrEdges(self.A.crow_indices(), self.A.col_indices(), self.num_src)
+        return self._edges
 
     def reuse_outputs(self) -> "SparseOperator":
         self.fwd_buffers, self.bwd_buffers = OutputBuffers(), OutputBuffers()

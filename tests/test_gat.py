@@ -1,0 +1,163 @@
+"""GAT on the edge-valued operator contract (kernels/edge_ops.py, gnnpar/attention.py) against a
+dense reference written from the paper's formulas: outputs and every gradient, several head
+counts, concatenated and averaged heads, bipartite blocks, a row without edges."""
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from gnnpar.attention import GATLayer
+from gnnpar.kernels.edge_ops import CsrEdges, EdgeOperator, edge_softmax
+from gnnpar.kernels.local import SparseOperator
+from gnnpar.models import build_model
+
+from .cli_util import run_train
+
+
+def random_mask(n_dst, n_src, density, seed, loops=True, empty_row=None):
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n_dst, n_src)) < density
+    if loops:
+        mask[np.arange(n_dst), np.arange(n_dst)] = True
+    if empty_row is not None:
+        mask[empty_row] = False
+    return mask
+
+
+def operator(mask):
+    rows, cols = np.nonzero(mask)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=mask.shape[0]))])
+    return SparseOperator(indptr, cols, np.ones(cols.size, np.float32), mask.shape)
+
+
+def dense_gat(layer, mask, h):
+    """The layer's formulas on a dense adjacency mask (row i attends to the j with mask[i, j])."""
+    n_dst = mask.shape[0]
+    z = (h @ layer.lin.weight.t()).view(h.shape[0], layer.heads, layer.width)
+    src = (z * layer.att_src).sum(-1)
+    dst = (z[:n_dst] * layer.att_dst).sum(-1)
+    e = F.leaky_relu(dst[:, None, :] + src[None, :, :], 0.2)        # (dst, src, heads)
+    m = torch.as_tensor(mask)[:, :, None]
+    alpha = torch.softmax(e.masked_fill(~m, float("-inf")), dim=1)
+    alpha = torch.where(m, alpha, torch.zeros_like(alpha))            # rows without edges: 0
+    out = torch.einsum("ijh,jhf->ihf", alpha, z)
+    out = out.reshape(n_dst, -1) if layer.concat else out.mean(dim=1)
+    return out + layer.bias
+
+
+@pytest.mark.parametrize("heads,concat", [(1, True), (3, True), (3, False), (1, False)])
+@pytest.mark.parametrize("shape", [(37, 37), (11, 29)])
+def test_layer_equals_dense_reference(heads, concat, shape):
+    torch.manual_seed(heads + 10 * concat)
+    mask = random_mask(*shape, 0.15, seed=heads, empty_row=5)
+    layer = GATLayer(7, 4, heads, concat)
+    with torch.no_grad():
+        layer.bias.normal_()
+    h = torch.randn(shape[1], 7, requires_grad=True)
+    out = layer(operator(mask), h)
+    h2 = h.detach().clone().requires_grad_(True)
+    want = dense_gat(layer, mask, h2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(out).all()
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [h] + list(layer.parameters()), g)
+    wants = torch.autograd.grad(want, [h2] + list(layer.parameters()), g)
+    for got, ref in zip(grads, wants):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_edge_softmax_rows_sum_to_one_and_empty_rows_stay_empty():
+    mask = random_mask(20, 20, 0.2, seed=3, loops=False, empty_row=4)
+    edges = operator(mask).edges()
+    assert isinstance(edges, EdgeOperator)
+    e = torch.randn(edges.num_edges, 2) * 50  # large scores: the row shift keeps exp finite
+    alpha = edge_softmax(edges, e)
+    sums = edges.row_sum(alpha)
+    has = torch.as_tensor(mask.any(axis=1))
+    torch.testing.assert_close(sums[has], torch.ones_like(sums[has]))
+    assert (sums[~has] == 0).all() and torch.isfinite(alpha).all()
+
+
+def test_weighted_product_gradients_float64():
+    mask = random_mask(9, 13, 0.3, seed=5, loops=False, empty_row=2)
+    rows, cols = np.nonzero(mask)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=9))])
+    edges = CsrEdges(torch.as_tensor(indptr), torch.as_tensor(cols), 13)
+    h = torch.randn(13, 2, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(edges.num_edges, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(edges.spmm, (h, w))
+
+
+def test_compiled_passes_equal_the_torch_path_and_its_blocks(monkeypatch):
+    from gnnpar.kernels import edge_ops
+    mask = random_mask(30, 41, 0.3, seed=6, empty_row=3)
+    edges = operator(mask).edges()
+    h = torch.randn(41, 2, 4, requires_grad=True)
+    w = torch.rand(edges.num_edges, 2, requires_grad=True)
+    g = torch.randn(30, 2, 4)
+
+    def run():
+        out = edges.spmm(h, w)
+        return (out,) + torch.autograd.grad(out, (h, w), g)
+
+    assert edge_ops._compiled_serves(h, w)
+    compiled = run()
+    monkeypatch.setattr(edge_ops, "_compiled_serves", lambda *t: False)
+    torch_path = run()
+    monkeypatch.setattr(edge_ops, "SDDMM_BLOCK", 5)  # blocks of one edge
+    blocked = run()
+    for a, b, c in zip(compiled, torch_path, blocked):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(c, b, rtol=0, atol=0)
+
+
+def test_model_shapes_and_refusals():
+    model = build_model("gat", 6, 16, 3, 3, 0.0, heads=4)
+    assert [layer.heads for layer in model.layers] == [4, 4, 4]
+    assert [layer.width for layer in model.layers] == [4, 4, 3]
+    mask = random_mask(25, 25, 0.2, seed=8)
+    out = model(operator(mask), torch.randn(25, 6))
+    assert out.shape == (25, 3)
+    with pytest.raises(ValueError, match="not a multiple of 4 heads"):
+        build_model("gat", 6, 10, 3, 2, 0.0, heads=4)
+    with pytest.raises(ValueError, match="heads are GAT's"):
+        build_model("gcn", 6, 16, 3, 2, 0.0, heads=4)
+
+
+def test_train_cli_runs_gat_and_refuses_what_it_cannot_run(tmp_path):
+    base = ["--dataset", "sbm:n=300,blocks=3,p_in=0.08,p_out=0.005", "--model", "gat",
+            "--hidden", "16", "--heads", "4", "--epochs", "30", "--lr", "0.01", "--quiet"]
+    res = run_train(*base, "--log-json", str(tmp_path / "log.jsonl"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    losses = [x["loss"] for x in lines if "loss" in x]
+    assert losses[-1] < losses[0]
+    for extra, words in ((["--algo", "1d-halo", "--nprocs", "2"], "--model gat runs"),
+                         (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "64"],
+                          "--model gat runs"),
+                         (["--heads", "3"], "multiple of --heads")):
+        res = run_train(*base, *extra)
+        assert res.returncode == 2 and words in res.stderr, res.stderr[-2000:]
+        assert len(res.stderr.strip().splitlines()) == 1
+    res = run_train("--model", "gcn", "--heads", "2", "--epochs", "1")
+    assert res.returncode == 2 and "--heads" in res.stderr
+
+
+def test_readme_attention_example_runs_and_is_softmax_attention():
+    """The README's custom attention layer, run as printed, against dense softmax attention."""
+    import os
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "class DotAttention" in b)
+    space = {"torch": torch}
+    exec(block, space)
+    torch.manual_seed(0)
+    layer = space["DotAttention"](5, 3)
+    mask = random_mask(15, 15, 0.25, seed=9)
+    h = torch.randn(15, 5)
+    out = layer(operator(mask), h)
+    score = layer.q(h) @ layer.k(h).t()
+    alpha = torch.softmax(score.masked_fill(~torch.as_tensor(mask), float("-inf")), dim=1)
+    torch.testing.assert_close(out, alpha @ layer.v(h), rtol=1e-5, atol=1e-5)
