@@ -9,8 +9,9 @@ are the operator's: S = A' + I in full batch, so every node attends to itself, a
 paper (the layer asks for Â of the ``"gcn"`` normalisation only for its structure; its
 values are not used).
 
-A layer reaches the edge operations through ``op.edges()``; an operator without them (the
-distributed algorithms' so far) is refused with a message naming what runs.
+A layer reaches the edge operations through ``op.edges()``: the serial runtime's operator
+(``kernels/edge_ops.py``) and the 1D halo-exchange operator (``kernels/edge_halo.py``) serve
+them; an operator without them is refused with a message naming what runs.
 
 Shapes: H (num_src, f_in) → (num_dst, heads·f_out) concatenated, (num_dst, f_out) averaged.
 """
@@ -33,13 +34,17 @@ NEGATIVE_SLOPE = 0.2
 #: attention heads of ``--model gat`` when not told (the GAT paper's 8)
 GAT_HEADS = 8
 
+#: the ``--algo`` values whose operators serve the edge-valued operations (``op.edges()``)
+GAT_ALGOS = ("serial", "1d-halo")
+
 
 def edge_operator(op) -> EdgeOperator:
     """``op``'s edge-valued operations, or an InputError saying which runs serve them."""
     edges = getattr(op, "edges", None)
     if edges is None:
         raise InputError(f"{type(op).__name__} has no edge-valued operations: attention "
-                         "layers (--model gat) run with --algo serial in full batch so far")
+                         f"layers (--model gat) run in full batch with --algo "
+                         f"{' or '.join(GAT_ALGOS)} so far")
     return edges()
 
 

@@ -18,7 +18,7 @@ from gnnpar.kernels.entry import LAYOUT_FLAGS
 from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
-from .attention import GAT_HEADS
+from .attention import GAT_ALGOS, GAT_HEADS
 from .cli_common import check_bounds
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "distributed runs)")
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=("gcn", "sage", "gat"), default="gcn",
-                   help="layer type (gat: full batch with --algo serial so far)")
+                   help="layer type (gat: full batch with --algo serial or 1d-halo so far)")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")
     m.add_argument("--hidden", type=int, default=64,
                    help="hidden width (features); with --model gat the width in all, heads x "
@@ -225,9 +225,9 @@ def check_attention_args(args) -> None:
                 raise InputError(f"{flag} sets the attention of --model gat; --model "
                                  f"{args.model} has none")
         return
-    if args.algo != "serial" or args.mode != "fullbatch" or (args.nprocs or 1) > 1:
-        raise InputError("--model gat runs in full batch with --algo serial so far (the "
-                         "distributed algorithms and sampled blocks do not serve its "
+    if args.algo not in GAT_ALGOS or args.mode != "fullbatch":
+        raise InputError(f"--model gat runs in full batch with --algo {' or '.join(GAT_ALGOS)} "
+                         "so far (the other algorithms and sampled blocks do not serve its "
                          "edge-valued operations yet)")
     heads = GAT_HEADS if args.heads is None else args.heads  # >= 1: check_bounds
     if args.hidden % heads:

@@ -89,6 +89,34 @@ def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=N
     return out
 
 
+def gat_equivalence(rank, world, algo, n, directed, method, heads):
+    """GAT (``heads`` heads, 3 layers, dropout 0) on ``algo`` against the serial run:
+    the largest relative errors of the forward, the gradients and a 3-epoch loss curve, and
+    this rank's bytes of one step."""
+    g = random_graph(n=n, f=6, classes=3, seed=12, directed=directed)
+    part = partition_graph(g, world, method, seed=4)
+    shard = build_shard(g, part, rank, norms=("gcn",))
+
+    def model(seed):
+        torch.manual_seed(seed)
+        return GNN("gat", 6, 2 * heads, 3, layers=3, dropout=0.0, heads=heads)
+
+    m = model(0)
+    rt_s = SerialRuntime(g, m.norm)
+    count = float(rt_s.masks["train"].sum())
+    out_s, grads_s = _loss_and_grads(m, rt_s, count)
+    curve_s = [r["loss"] for r in fit(model(1), rt_s, TrainConfig(epochs=3, lr=0.05))]
+    rt = DistRuntime(make_grid(algo, world, None, 1), shard, algo, m.norm)
+    ids = torch.as_tensor(rt.global_ids)
+    rt.comm.reset()
+    out_d, grads_d = _loss_and_grads(m, rt, count)
+    nbytes = epoch_bytes(rt.comm)
+    curve = [r["loss"] for r in fit(model(1), rt, TrainConfig(epochs=3, lr=0.05))]
+    return {"forward": rel_err(out_d, out_s[ids]),
+            "grads": max(rel_err(a, b) for a, b in zip(grads_d, grads_s)),
+            "loss": rel_err(curve, curve_s), "bytes": nbytes}
+
+
 def fail_mid_epoch(rank, world, victim, how):
     """Train 1d-halo; rank ``victim`` raises (or is SIGKILLed) in its second epoch."""
     import os
