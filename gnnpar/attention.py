@@ -10,8 +10,9 @@ paper (the layer asks for Â of the ``"gcn"`` normalisation only for its structu
 values are not used).
 
 A layer reaches the edge operations through ``op.edges()``: the serial runtime's operator
-(``kernels/edge_ops.py``) and the 1D halo-exchange operator (``kernels/edge_halo.py``) serve
-them; an operator without them is refused with a message naming what runs.
+(``kernels/edge_ops.py``) and the 1D operators, all-gather and halo exchange
+(``kernels/edge_dist.py``), serve them; an operator without them is refused with a message
+naming what runs.
 
 Shapes: H (num_src, f_in) → (num_dst, heads·f_out) concatenated, (num_dst, f_out) averaged.
 """
@@ -35,7 +36,7 @@ NEGATIVE_SLOPE = 0.2
 GAT_HEADS = 8
 
 #: the ``--algo`` values whose operators serve the edge-valued operations (``op.edges()``)
-GAT_ALGOS = ("serial", "1d-halo")
+GAT_ALGOS = ("serial", "1d", "1d-halo")
 
 
 def edge_operator(op) -> EdgeOperator:

@@ -11,6 +11,7 @@ Words moved per rank per SpMM: (p−1)·n_r·f forward, n·f − n_r·f backward
 Both directions overlap (:mod:`overlap`): A_r's own diagonal block multiplies H_r while the
 other blocks are gathered; in the backward the other blocks' part of A_rᵀ·G_r (own block left
 zero) is reduce-scattered while the own block's is computed, and added when it arrives.
+``edges()`` serves attention layers (:mod:`edge_dist`).
 Shapes: A_r (n_r, n); H_r, Z_r, G_r, dH_r (n_r, f).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .comm import Comm
 from .cost_terms import (Cost, LinearCounts, coll, gather_padding, owned_rows_work, per_feature,
                          reduce_padding)
 from .dist_op import DistOperator, shard_values
+from .edge_dist import AllGather, ExtendedEdges, local_edges
 from .entry import Algorithm, GroupRule, group_of_size
 from .local import as_tensor
 from .overlap import Overlapped
@@ -48,6 +50,17 @@ class Op1D(DistOperator):
         self.block = Overlapped(indptr, indices, values, (self.num_dst, axis.width), axis,
                                 device=device)
         self.local_nnz = self.block.nnz
+        self._structure, self._device, self._edges = (indptr, indices), device, None
+
+    def edges(self) -> ExtendedEdges:
+        """The edge-valued operations of this rank's rows (:mod:`.edge_dist`), made on first
+        use and kept."""
+        if self._edges is None:
+            comm, sizes = self.comm, self.sizes
+            local = local_edges(*self._structure, sum(sizes), self._device)
+            self._edges = ExtendedEdges(comm, lambda t: AllGather.apply(t, comm, AXIS, sizes),
+                                        self.num_src, local)
+        return self._edges
 
     def forward_rows(self, h):
         return self.block.forward(h)

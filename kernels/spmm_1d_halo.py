@@ -8,25 +8,21 @@ Backward dH_r = own part of A_rᵀ·G_r + the halo parts other ranks send back (
 
 Both directions overlap (:mod:`overlap`): the local columns' product runs while the halo rows
 (forward) or the halo gradients (backward) are in flight. ``edges()`` serves attention layers
-(:mod:`edge_halo`).
+(:mod:`edge_dist`).
 
 Words moved per rank per SpMM: f × (rows this rank sends) in each direction.
 Shapes: A_r (n_r, n_r + halo_r); H_r, Z_r (n_r, f).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .axes import HaloAxis
 from .comm import Comm
 from .cost_terms import (Cost, LinearCounts, distinct, owned_rows_work, partners, per_feature,
                          plan_counts)
 from .dist_op import DistOperator, shard_values
-from .edge_halo import HaloEdges
-from .edge_ops import CsrEdges
+from .edge_dist import ExtendedEdges, HaloGather, local_edges
 from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
-from .local import as_tensor
 from .overlap import Overlapped
 from .spmm_1d import row_axis
 
@@ -45,15 +41,14 @@ class Op1DHalo(DistOperator):
         self.local_nnz = self.block.nnz
         self._structure, self._device, self._edges = (indptr, indices), device, None
 
-    def edges(self) -> HaloEdges:
-        """The edge-valued operations of this rank's rows (:mod:`.edge_halo`), made on first
+    def edges(self) -> ExtendedEdges:
+        """The edge-valued operations of this rank's rows (:mod:`.edge_dist`), made on first
         use and kept."""
         if self._edges is None:
-            indptr, indices = self._structure
-            local = CsrEdges(as_tensor(indptr, np.int64, self._device),
-                             as_tensor(indices, np.int64, self._device),
-                             self.num_src + self.plan.num_halo)
-            self._edges = HaloEdges(self.comm, self.plan, AXIS, self.num_src, local)
+            plan, comm = self.plan, self.comm
+            local = local_edges(*self._structure, self.num_src + plan.num_halo, self._device)
+            self._edges = ExtendedEdges(comm, lambda t: HaloGather.apply(t, plan, comm, AXIS),
+                                        self.num_src, local)
         return self._edges
 
     def forward_rows(self, h):

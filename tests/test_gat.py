@@ -135,7 +135,7 @@ def test_train_cli_runs_gat_and_refuses_what_it_cannot_run(tmp_path):
     assert losses[-1] < losses[0]
     res = run_train(*base, "--algo", "1d-halo", "--nprocs", "2", "--epochs", "3")
     assert res.returncode == 0, res.stderr[-2000:]
-    for extra, words in ((["--algo", "1d", "--nprocs", "2"], "--model gat runs"),
+    for extra, words in ((["--algo", "2d", "--nprocs", "2"], "--model gat runs"),
                          (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "64"],
                           "--model gat runs"),
                          (["--heads", "3"], "multiple of --heads")):
@@ -165,15 +165,15 @@ def test_readme_attention_example_runs_and_is_softmax_attention():
     torch.testing.assert_close(out, alpha @ layer.v(h), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("world,method,heads", [(2, "random", 2), (3, "metis", 1),
-                                                (4, "random", 3)])
-def test_1d_halo_equals_serial(world, method, heads):
-    """Every rank's rows, every gradient and the 3-epoch loss curve of a 3-layer GAT on
-    --algo 1d-halo equal the serial run's (uneven parts: 41 rows), and the halo exchanges
-    are counted."""
+@pytest.mark.parametrize("algo,world,method,heads", [
+    ("1d-halo", 2, "random", 2), ("1d-halo", 3, "metis", 1), ("1d-halo", 4, "random", 3),
+    ("1d", 2, "random", 1), ("1d", 3, "random", 2)])
+def test_1d_algorithms_equal_serial(algo, world, method, heads):
+    """Every rank's rows, every gradient and the 3-epoch loss curve of a 3-layer GAT on a 1D
+    algorithm equal the serial run's (uneven parts: 41 rows), and the exchanges are counted."""
     from gnnpar.spawn import spawn
     from .dist_cases import gat_equivalence
-    outs = spawn(gat_equivalence, world, args=("1d-halo", 41, world == 3, method, heads),
+    outs = spawn(gat_equivalence, world, args=(algo, 41, world == 3, method, heads),
                  timeout_s=240)
     for rank, out in enumerate(outs):
         for what in ("forward", "grads", "loss"):
