@@ -179,3 +179,46 @@ def test_1d_algorithms_equal_serial(algo, world, method, heads):
         for what in ("forward", "grads", "loss"):
             assert out[what] <= 1e-5, f"rank {rank} {what}: relative error {out[what]:.3g}"
     assert sum(out["bytes"] for out in outs) > 0
+
+
+@pytest.mark.parametrize("heads,concat", [(1, True), (3, True), (2, False)])
+def test_layer_equals_pyg_gatconv_with_the_same_weights(heads, concat):
+    """gnnpar's GAT layer and PyG's GATConv (self loops added by PyG on the loop-free graph)
+    with the same weights give the same output and input gradient."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    torch.manual_seed(heads)
+    mask = random_mask(30, 30, 0.15, seed=heads + 20)
+    ours = GATLayer(6, 5, heads, concat)
+    theirs = pyg.GATConv(6, 5, heads=heads, concat=concat)
+    with torch.no_grad():
+        ours.bias.normal_()
+        theirs.lin.weight.copy_(ours.lin.weight)
+        theirs.att_src.copy_(ours.att_src.view(1, heads, 5))
+        theirs.att_dst.copy_(ours.att_dst.view(1, heads, 5))
+        theirs.bias.copy_(ours.bias)
+    rows, cols = np.nonzero(mask & ~np.eye(30, dtype=bool))
+    edge_index = torch.as_tensor(np.stack([cols, rows]))  # source -> target
+    h = torch.randn(30, 6, requires_grad=True)
+    h2 = h.detach().clone().requires_grad_(True)
+    out, want = ours(operator(mask), h), theirs(h2, edge_index)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(h.grad, h2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_gat_script_runs_both_sides():
+    import json
+    import subprocess
+    import sys
+    from .cli_util import ROOT
+    res = subprocess.run([sys.executable, "scripts/bench_gat.py", "--dataset",
+                          "sbm:n=200,blocks=2,p_in=0.05,p_out=0.01", "--rounds", "1",
+                          "--repeats", "1", "--warmup", "0", "--threads", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "gnnpar / PyG step time" in res.stdout
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(out["results"]) == {"gnnpar", "pyg"}
+    assert all(v["epoch_s"] > 0 for v in out["results"].values())
