@@ -222,3 +222,26 @@ def test_bench_gat_script_runs_both_sides():
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(out["results"]) == {"gnnpar", "pyg"}
     assert all(v["epoch_s"] > 0 for v in out["results"].values())
+
+
+def test_bf16_autocast_and_a_single_row():
+    """Under bf16 autocast (``--precision bf16``) the layer runs and stays near its float32
+    output; a one-node graph (its self loop only) attends to itself."""
+    torch.manual_seed(3)
+    mask = random_mask(40, 40, 0.2, seed=4, empty_row=7)
+    op = operator(mask)
+    layer = GATLayer(8, 6, heads=2)
+    h = torch.randn(40, 8, requires_grad=True)
+    want = layer(op, h)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layer(op, h)
+    assert got.dtype == torch.bfloat16
+    scale = want.abs().max()
+    assert float(((got.float() - want).abs().max() / scale).detach()) < 3e-2
+    got.float().sum().backward()
+    assert h.grad is not None and torch.isfinite(h.grad).all()
+    one = GATLayer(3, 4, heads=2, concat=False)
+    x = torch.randn(1, 3)
+    out = one(operator(np.ones((1, 1), bool)), x)
+    z = (x @ one.lin.weight.t()).view(1, 2, 4).mean(dim=1)  # the softmax of one edge is 1
+    torch.testing.assert_close(out, z + one.bias)
