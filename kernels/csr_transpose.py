@@ -20,6 +20,7 @@ Input: ``indptr`` (n_dst+1,) with ``indptr[0] == 0`` and ``indptr[-1] == nnz``; 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .jit import SAMPLER_ENV, compile_module, sampler_kernels_on
 
@@ -41,6 +42,18 @@ def transpose_csr(indptr, indices, values, shape):
         indices = indices.astype(np.int64)
     values = np.ascontiguousarray(values)
     return _compiled().transpose(indptr, indices, values, int(shape[1]))
+
+
+def transpose_csr_tensors(indptr, indices, values, shape):
+    """The transpose of CSR tensors, on their device: a stable sort by column (exact)."""
+    n_dst, n_src = shape
+    indices = indices.to(torch.int64)
+    rows = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64, device=indptr.device),
+                                   indptr[1:] - indptr[:-1], output_size=indices.shape[0])
+    order = torch.sort(indices, stable=True).indices
+    t_indptr = torch.zeros(n_src + 1, dtype=torch.int64, device=indptr.device)
+    torch.cumsum(torch.bincount(indices, minlength=n_src), 0, out=t_indptr[1:])
+    return t_indptr, rows[order], values[order]
 
 
 def transpose_csr_numpy(indptr, indices, values, shape):

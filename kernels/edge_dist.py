@@ -101,3 +101,12 @@ def local_edges(indptr, indices, num_src: int, device=None) -> CsrEdges:
     """:class:`~.edge_ops.CsrEdges` of a rank's CSR arrays (numpy or memory-mapped)."""
     return CsrEdges(as_tensor(indptr, np.int64, device), as_tensor(indices, np.int64, device),
                     num_src)
+
+
+def operator_edges(op, num_src: int, extend: Callable) -> ExtendedEdges:
+    """``op.edges()`` of a 1D operator (``op._structure``: its CSR arrays, ``op._device``):
+    made on first use and kept in ``op._edges``."""
+    if op._edges is None:
+        op._edges = ExtendedEdges(op.comm, extend, op.num_src,
+                                  local_edges(*op._structure, num_src, op._device))
+    return op._edges

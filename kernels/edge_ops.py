@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from .cpu_spmm import available, csr_mm, pool_threads, row_blocks, run_parallel
+from .csr_transpose import transpose_csr_tensors
 from .jit import compile_module
 
 #: elements of one SDDMM block (edges × heads × width): bounds its temporaries
@@ -70,25 +72,29 @@ heads_spmm = sddmm_rows = None  # the compiled passes, set by _compiled()
 
 
 def _heads_spmm(indptr, cols, edge, w, h, out, bounds):  # pragma: no cover - compiled
-    # out[i, k, :] = sum over the row's entries p of w[edge[p], k] * h[cols[p], k, :]
+    # out[i, k, :] = sum over the row's entries p of w[edge[p], k] * h[cols[p], k, :], summed
+    # in float64 and rounded once: a row's sum then hardly depends on its entries' order
+    # (a distributed rank's columns come in another order than the serial CSR's)
     heads, width = h.shape[1], h.shape[2]
     for b in prange(bounds.shape[0] - 1):
+        acc = np.empty((heads, width), np.float64)
         for i in range(bounds[b], bounds[b + 1]):
-            acc = out[i]
-            for k in range(heads):
-                for f in range(width):
-                    acc[k, f] = 0.0
+            acc[:] = 0.0
             for p in range(indptr[i], indptr[i + 1]):
                 row = h[cols[p]]
                 e = edge[p]
                 for k in range(heads):
-                    v = w[e, k]
+                    v = np.float64(w[e, k])
                     for f in range(width):
                         acc[k, f] += v * row[k, f]
+            o = out[i]
+            for k in range(heads):
+                for f in range(width):
+                    o[k, f] = acc[k, f]
 
 
 def _sddmm_rows(indptr, cols, g, h, out, bounds):  # pragma: no cover - compiled
-    # out[p, k] = <g[i, k, :], h[cols[p], k, :]> for the entries p of row i
+    # out[p, k] = <g[i, k, :], h[cols[p], k, :]> for the entries p of row i (float64 sums)
     heads, width = h.shape[1], h.shape[2]
     for b in prange(bounds.shape[0] - 1):
         for i in range(bounds[b], bounds[b + 1]):
@@ -123,25 +129,21 @@ class CsrEdges:
         self.num_dst, self.num_src = int(indptr.shape[0] - 1), int(num_src)
         self.num_edges = int(indices.shape[0])
         self.indptr, self.cols = indptr.to(torch.int64), indices.to(torch.int64)
-        counts = self.indptr[1:] - self.indptr[:-1]
+        # the transpose (a stable sort, as every operator's): its edges are this operator's,
+        # column by column; ``order`` gives each one's id here
+        self._ids = ids = torch.arange(self.num_edges, dtype=torch.int64, device=indptr.device)
+        self.t_indptr, self.t_cols, self.order = transpose_csr_tensors(
+            self.indptr, self.cols, ids, (self.num_dst, self.num_src))
         self.rows = torch.repeat_interleave(
-            torch.arange(self.num_dst, dtype=torch.int64, device=indptr.device), counts,
-            output_size=self.num_edges)
-        # the transpose: its edges are this operator's, listed column by column
-        self.order = torch.sort(self.cols, stable=True).indices
-        self.t_indptr = torch.zeros(self.num_src + 1, dtype=torch.int64, device=indptr.device)
-        torch.cumsum(torch.bincount(self.cols, minlength=self.num_src), 0,
-                     out=self.t_indptr[1:])
-        self.t_cols = self.rows[self.order]
+            torch.arange(self.num_dst, dtype=torch.int64, device=indptr.device),
+            self.indptr[1:] - self.indptr[:-1], output_size=self.num_edges)
         self._bounds = {}
 
     def _host(self, transpose: bool):
         """(indptr, columns, edge ids) as numpy arrays for the compiled passes, either way."""
         if transpose:
             return self.t_indptr.numpy(), self.t_cols.numpy(), self.order.numpy()
-        if not hasattr(self, "_edge_ids"):
-            self._edge_ids = torch.arange(self.num_edges, dtype=torch.int64)
-        return self.indptr.numpy(), self.cols.numpy(), self._edge_ids.numpy()
+        return self.indptr.numpy(), self.cols.numpy(), self._ids.numpy()
 
     def _blocks(self, indptr, threads: int, transpose: bool):
         key = (transpose, threads)

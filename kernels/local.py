@@ -82,19 +82,8 @@ def transpose_csr(indptr, indices, values, shape):
     tensors out on their device (the device sampler's blocks); else numpy
     (:mod:`gnnpar.kernels.csr_transpose`: compiled, the stable argsort's arrays)."""
     if isinstance(indptr, torch.Tensor):
-        return _transpose_csr_tensors(indptr, indices, values, shape)
+        return csr_transpose.transpose_csr_tensors(indptr, indices, values, shape)
     return csr_transpose.transpose_csr(indptr, indices, values, shape)
-
-
-def _transpose_csr_tensors(indptr, indices, values, shape):
-    n_dst, n_src = shape
-    indices = indices.to(torch.int64)
-    rows = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64, device=indptr.device),
-                                   indptr[1:] - indptr[:-1], output_size=indices.shape[0])
-    order = torch.sort(indices, stable=True).indices
-    t_indptr = torch.zeros(n_src + 1, dtype=torch.int64, device=indptr.device)
-    torch.cumsum(torch.bincount(indices, minlength=n_src), 0, out=t_indptr[1:])
-    return t_indptr, rows[order], values[order]
 
 
 class OutputBuffers:

@@ -26,7 +26,7 @@ from .comm import Comm
 from .cost_terms import (Cost, LinearCounts, coll, gather_padding, owned_rows_work, per_feature,
                          reduce_padding)
 from .dist_op import DistOperator, shard_values
-from .edge_dist import AllGather, ExtendedEdges, local_edges
+from .edge_dist import AllGather, ExtendedEdges, operator_edges
 from .entry import Algorithm, GroupRule, group_of_size
 from .local import as_tensor
 from .overlap import Overlapped
@@ -53,14 +53,9 @@ class Op1D(DistOperator):
         self._structure, self._device, self._edges = (indptr, indices), device, None
 
     def edges(self) -> ExtendedEdges:
-        """The edge-valued operations of this rank's rows (:mod:`.edge_dist`), made on first
-        use and kept."""
-        if self._edges is None:
-            comm, sizes = self.comm, self.sizes
-            local = local_edges(*self._structure, sum(sizes), self._device)
-            self._edges = ExtendedEdges(comm, lambda t: AllGather.apply(t, comm, AXIS, sizes),
-                                        self.num_src, local)
-        return self._edges
+        """The edge-valued operations of this rank's rows (:mod:`.edge_dist`)."""
+        comm, sizes = self.comm, self.sizes
+        return operator_edges(self, sum(sizes), lambda t: AllGather.apply(t, comm, AXIS, sizes))
 
     def forward_rows(self, h):
         return self.block.forward(h)

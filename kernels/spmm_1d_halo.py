@@ -20,7 +20,7 @@ from .comm import Comm
 from .cost_terms import (Cost, LinearCounts, distinct, owned_rows_work, partners, per_feature,
                          plan_counts)
 from .dist_op import DistOperator, shard_values
-from .edge_dist import ExtendedEdges, HaloGather, local_edges
+from .edge_dist import ExtendedEdges, HaloGather, operator_edges
 from .entry import Algorithm, GroupRule, group_of_size
 from .halo import HaloPlan
 from .overlap import Overlapped
@@ -42,14 +42,10 @@ class Op1DHalo(DistOperator):
         self._structure, self._device, self._edges = (indptr, indices), device, None
 
     def edges(self) -> ExtendedEdges:
-        """The edge-valued operations of this rank's rows (:mod:`.edge_dist`), made on first
-        use and kept."""
-        if self._edges is None:
-            plan, comm = self.plan, self.comm
-            local = local_edges(*self._structure, self.num_src + plan.num_halo, self._device)
-            self._edges = ExtendedEdges(comm, lambda t: HaloGather.apply(t, plan, comm, AXIS),
-                                        self.num_src, local)
-        return self._edges
+        """The edge-valued operations of this rank's rows (:mod:`.edge_dist`)."""
+        plan, comm = self.plan, self.comm
+        return operator_edges(self, self.num_src + plan.num_halo,
+                              lambda t: HaloGather.apply(t, plan, comm, AXIS))
 
     def forward_rows(self, h):
         return self.block.forward(h)
