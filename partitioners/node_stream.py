@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from .partition import Partition
+from .write_through import pwrite_through, save_npy
 
 #: bytes of ``x`` read per block
 BLOCK_BYTES = 64 << 20
@@ -103,17 +104,11 @@ class FeatureBlocks:
             fd = os.open(self.paths[rank], os.O_WRONLY)
             try:
                 offset = self.starts[rank] + int(self.before[i, rank]) * self.row_bytes
-                _pwrite_all(fd, memoryview(grouped[at:at + c]).cast("B"), offset)
+                pwrite_through(fd, grouped[at:at + c], offset)
             finally:
                 os.close(fd)
             at += c
         return rows
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        done = os.pwrite(fd, data, offset)
-        data, offset = data[done:], offset + done
 
 
 def write_small_arrays(graph, partition: Partition, folders) -> None:
@@ -121,6 +116,6 @@ def write_small_arrays(graph, partition: Partition, folders) -> None:
     for name in SMALL_ARRAYS:
         full = np.asarray(getattr(graph, name))
         for rank in range(partition.num_parts):
-            np.save(os.path.join(folders[rank], f"{name}.npy"), full[partition.vertices(rank)])
+            save_npy(os.path.join(folders[rank], f"{name}.npy"), full[partition.vertices(rank)])
         release(getattr(graph, name))
         del full

@@ -66,6 +66,7 @@ from .node_stream import FeatureBlocks, write_small_arrays
 from .part_pool import map_parts
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards, kernels  # noqa: F401
 from .shard_check import validate_shard
+from .write_through import save_npy
 from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
                            TMP_FILE_RE, check_shard_folder, claim_shard_folder,  # noqa: F401
                            dataset_source)
@@ -183,7 +184,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
             return None
         arrays = plan.structure(i)
         for rel, arr in _structure_files(arrays).items():
-            np.save(os.path.join(tmps[i], rel), np.ascontiguousarray(arr))
+            save_npy(os.path.join(tmps[i], rel), arr)
         plan.release()
         say(f"rows of part {i + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
             f"{arrays['halo_ids'].shape[0]:,} halo rows")
