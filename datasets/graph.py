@@ -28,12 +28,14 @@ BLOCK_BYTES = 1 << 26
 
 def row_blocks(arr: np.ndarray, nbytes: Optional[int] = None):
     """``(first row, block)`` over ``arr`` in blocks of about ``nbytes`` (default
-    :data:`BLOCK_BYTES`), each an in-memory array, so a pass over a large (memory-mapped)
-    array needs one block of temporaries.
+    :data:`BLOCK_BYTES`), each a view (no copy: a copy of every block cost a pass over
+    ``x`` as much again), so a pass over a large (memory-mapped) array needs one block of
+    temporaries at most.
 
     A read-only memory map drops the pages read so far from this process after each block
-    (``MADV_DONTNEED``; the page cache keeps them), so a pass over a file larger than memory
-    does not grow the resident set by the file's size.
+    (``MADV_DONTNEED``; the page cache keeps them, and a view of them maps them again when
+    read), so a pass over a file larger than memory does not grow the resident set by the
+    file's size.
     """
     arr = arr if isinstance(arr, np.ndarray) else np.asarray(arr)
     row = max(1, arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64)))
@@ -41,7 +43,7 @@ def row_blocks(arr: np.ndarray, nbytes: Optional[int] = None):
     mm = getattr(arr, "_mmap", None) if getattr(arr, "mode", None) == "r" else None
     release = getattr(mm, "madvise", None) if hasattr(mmap, "MADV_DONTNEED") else None
     for start in range(0, arr.shape[0], step):
-        yield start, np.array(arr[start:start + step])
+        yield start, np.asarray(arr[start:start + step])
         if release is not None:
             try:
                 release(mmap.MADV_DONTNEED)

@@ -78,3 +78,24 @@ def is_symmetric_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:
     if indptr.shape[0] - 1 >= 1 << 32:
         raise ValueError("is_symmetric_canonical takes graphs of fewer than 2^32 vertices")
     return bool(kernels().symmetric_pass(indptr, indices))
+
+
+def pattern_facts(graph, symmetric: bool = False) -> dict:
+    """``{"canonical": bool, "symmetric": bool or None}`` of ``graph``'s CSR, each pass made at
+    most once per graph: partitioning a graph and then sharding it both ask (the partitioner
+    needs the symmetric pattern, the shard passes read a canonical CSR as it is and, when it
+    is also symmetric, take column sums from row sums). ``symmetric=True`` computes symmetry
+    (for a canonical CSR) if not known yet; otherwise it is ``None`` until something has.
+    The facts are kept on the graph with the identity of its two arrays, so a graph given new
+    arrays is checked again."""
+    key = (id(graph.indptr), id(graph.indices))
+    memo = graph.__dict__.get("_pattern_facts")
+    if memo is None or memo[0] != key:
+        indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+        memo = (key, {"canonical": is_canonical(indptr, indices), "symmetric": None})
+        graph.__dict__["_pattern_facts"] = memo
+    facts = memo[1]
+    if symmetric and facts["symmetric"] is None:
+        facts["symmetric"] = bool(facts["canonical"] and is_symmetric_canonical(
+            np.asarray(graph.indptr), np.asarray(graph.indices)))
+    return dict(facts)

@@ -32,7 +32,7 @@ import numpy as np
 
 from gnnpar.datasets import Graph, InputError
 
-from .csr_rows import chunk_rows, is_canonical, is_symmetric_canonical, row_chunks
+from .csr_rows import chunk_rows, pattern_facts, row_chunks
 from .partition import Partition, check_parts
 
 
@@ -46,7 +46,7 @@ def undirected_structure(graph: Graph):
     n = graph.num_nodes
     indptr = np.asarray(graph.indptr, dtype=np.int64)
     indices = np.asarray(graph.indices, dtype=np.int64)
-    if is_canonical(indptr, indices) and is_symmetric_canonical(indptr, indices):
+    if pattern_facts(graph, symmetric=True)["symmetric"]:
         return _drop_loops(indptr, indices)
     import scipy.sparse as sp
     a = sp.csr_matrix((np.ones(indices.shape[0], np.int8), indices, indptr), shape=(n, n))

@@ -43,7 +43,7 @@ import numpy as np
 from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.normalize import KINDS
 
-from .csr_rows import is_canonical
+from .csr_rows import pattern_facts
 from .part_pool import map_parts
 from .node_stream import release
 from .partition import Partition
@@ -145,7 +145,9 @@ class ShardBuilder:
         self.weight = np.asarray(ew) if self.weighted else np.zeros(1, np.float64)
         wide = self.weighted and self.weight.dtype == np.float64
         self.raw_dtype = np.float64 if wide else np.float32
-        self.canonical = is_canonical(self.indptr, self.indices)
+        facts = pattern_facts(graph)  # made once per graph: the partitioner may have asked
+        self.canonical = facts["canonical"]
+        self.symmetric = bool(facts["symmetric"])  # False when not known: sums made the long way
         deg = np.diff(self.indptr)
         self.scratch_len = int(deg.max()) + 1 if n else 1
         del deg
@@ -177,7 +179,7 @@ class ShardBuilder:
         first_neg = np.zeros((2, 4), np.float64)
         if self.canonical and not self.weighted:  # unit weights: integer sums, no S rows
             self.nnz_total = int(kernels().degree_pass_unit(
-                self.indptr, self.indices, rowsum_gcn, colsum_gcn, rowsum_raw))
+                self.indptr, self.indices, self.symmetric, rowsum_gcn, colsum_gcn, rowsum_raw))
         else:
             self.nnz_total = int(kernels().degree_pass(
                 self.indptr, self.indices, self.weight, self.weighted, self.canonical,

@@ -136,26 +136,42 @@ def _degree_pass(indptr, indices, weight, weighted, canonical, scratch, rowsum_g
         nnz += k
     return nnz
 
-def _degree_pass_unit(indptr, indices, rowsum_gcn, colsum_gcn, rowsum_raw):
+def _degree_pass_unit(indptr, indices, symmetric, rowsum_gcn, colsum_gcn, rowsum_raw):
     """:func:`degree_pass` for a canonical CSR without weights (at most one loop a row): every
     weight is 1.0, so each sum counts entries and holds an integer, which float64 adds exactly
-    in any order: the same bits without making the rows of S. Returns S's non-zero count."""
+    in any order: the same bits without making the rows of S. A ``symmetric`` pattern gives S
+    symmetric too, so each column's count is its row's: the row sums are copied and a row is
+    only searched (binary, its columns being sorted) for its loop, with no scattered adds.
+    Returns S's non-zero count."""
     n = indptr.shape[0] - 1
     nnz = 0
     for v in range(n):
         lo, hi = indptr[v], indptr[v + 1]
         loops = 0
-        for e in range(lo, hi):
-            c = indices[e]
-            if c == v:
-                loops += 1
-            else:
-                colsum_gcn[c] += 1.0
-        colsum_gcn[v] += 1.0  # the unit diagonal
+        if symmetric:
+            a, b = lo, hi
+            while a < b:
+                mid = (a + b) // 2
+                if indices[mid] < v:
+                    a = mid + 1
+                else:
+                    b = mid
+            if a < hi and indices[a] == v:
+                loops = 1
+        else:
+            for e in range(lo, hi):
+                c = indices[e]
+                if c == v:
+                    loops += 1
+                else:
+                    colsum_gcn[c] += 1.0
+            colsum_gcn[v] += 1.0  # the unit diagonal
         off = hi - lo - loops
         rowsum_gcn[v] = off + 1.0
         rowsum_raw[v] = off + (1.0 if loops else 0.0)
         nnz += off + 1
+    if symmetric:
+        colsum_gcn[:] = rowsum_gcn
     return nnz
 
 def _halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, owner, part,

@@ -11,7 +11,7 @@ import pytest
 from gnnpar.datasets import Graph, InputError, split_masks
 from gnnpar.partitioners import Partition, load_shard, partition_graph, write_shards
 from gnnpar.partitioners.shard_build import ShardBuilder
-from gnnpar.partitioners.csr_rows import is_canonical
+from gnnpar.partitioners.csr_rows import is_canonical, is_symmetric_canonical, pattern_facts
 from gnnpar.partitioners.shard_kernels import kernels
 
 from .graphs import random_graph
@@ -53,6 +53,7 @@ def messy_graph(n=40, seed=3, float64=False):
 GRAPHS = {
     "plain": lambda: random_graph(n=60, avg_deg=5, seed=1),
     "weighted": lambda: random_graph(n=50, avg_deg=4, seed=2, weighted=True),
+    "loops": lambda: random_graph(n=40, avg_deg=4, seed=3, self_loops=True),
     "directed-loops": lambda: random_graph(n=45, avg_deg=3, seed=4, directed=True,
                                            self_loops=True),
     "messy": lambda: messy_graph(),
@@ -169,7 +170,7 @@ def test_symmetry_check_without_a_transpose():
     assert is_symmetric_canonical(np.arange(n + 1), np.arange(n))  # loops only
 
 
-@pytest.mark.parametrize("name", ["plain", "directed-loops"])
+@pytest.mark.parametrize("name", ["plain", "loops", "directed-loops"])
 def test_unit_weight_degree_pass_equals_the_general_one(name):
     """Canonical graphs without weights take degree_pass_unit: same sums, bit for bit."""
     g = GRAPHS[name]()
@@ -181,9 +182,29 @@ def test_unit_weight_degree_pass_equals_the_general_one(name):
     k = kernels()
     m = int(np.diff(indptr).max()) + 1
     scratch = (np.empty(m, np.int64), np.empty(m), np.empty(m, np.int64), np.empty(m))
-    nnz_unit = k.degree_pass_unit(indptr, indices, *unit)
     nnz = k.degree_pass(indptr, indices, np.zeros(1), False, True, scratch, *general,
                         np.zeros((2, 4)))
+    symmetric = is_symmetric_canonical(indptr, indices)
+    assert symmetric == (name != "directed-loops")  # both branches of the unit pass are taken
+    assert pattern_facts(g, symmetric=True) == {"canonical": True, "symmetric": symmetric}
+    nnz_unit = k.degree_pass_unit(indptr, indices, symmetric, *unit)
     assert nnz_unit == nnz
     for a, b in zip(unit, general):
         np.testing.assert_array_equal(a.view(np.int64), b.view(np.int64))
+
+
+def test_pattern_facts_are_made_once_per_graph_and_again_for_new_arrays(monkeypatch):
+    from gnnpar.partitioners import csr_rows
+    g = random_graph(n=60, avg_deg=4, seed=1)
+    calls = []
+    real = csr_rows.is_symmetric_canonical
+    monkeypatch.setattr(csr_rows, "is_symmetric_canonical", lambda *a: calls.append(1) or real(*a))
+    assert pattern_facts(g) == {"canonical": True, "symmetric": None}
+    assert pattern_facts(g, symmetric=True)["symmetric"] and pattern_facts(g, symmetric=True)["symmetric"]
+    assert len(calls) == 1
+    src, dst = g.edges()  # one edge dropped: no longer symmetric
+    keep = np.ones(src.size, bool)
+    keep[np.flatnonzero(src != dst)[0]] = False
+    g2 = g._with_edges(src[keep], dst[keep], None)
+    g.indptr, g.indices = g2.indptr, g2.indices
+    assert pattern_facts(g, symmetric=True) == {"canonical": True, "symmetric": False}
