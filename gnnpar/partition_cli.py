@@ -121,7 +121,8 @@ def run(args) -> int:
         if args.out:
             t0 = time.perf_counter()
             check_shard_disk(args.out, args.parts, len(norms), graph, "--out")  # and the graph
-            builder = ShardBuilder(graph, part, norms, jobs=_jobs(args), progress=say)
+            builder = ShardBuilder(graph, part, norms, jobs=_jobs(args), progress=say,
+                                   halos=False)  # made by the writer's part tasks
             write_shards(graph, part, args.out, norms=norms, progress=say, source=source,
                          what="--out", builder=builder, validated=True)
             phases["shards"] = time.perf_counter() - t0

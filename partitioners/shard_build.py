@@ -7,7 +7,10 @@ in O(n) memory, never holding S = A' + I, its values or its transpose:
    row and column alone, the same bits as ``datasets/normalize.values_for`` on the whole S;
 2. the halo pass, part by part: each part's halo (the columns its rows read from other parts),
    sorted by owner rank then id, its cut entries and its non-zeros. Send lists come from the
-   other parts' halos (what q reads from r is q's halo segment owned by r): no transpose;
+   other parts' halos (what q reads from r is q's halo segment owned by r): no transpose.
+   Made for all parts up front, or (``halos=False``, the disk writer) by each part's task just
+   before that part's rows (:meth:`ShardBuilder.rows_with_halo`), the send lists written once
+   every task is done;
 3. :meth:`ShardBuilder.structure`, one part at a time: its rows with local columns, values, raw
    weights and ``orig_edge``.
 
@@ -131,7 +134,7 @@ class ShardBuilder:
     :meth:`structure` cut one rank's shard."""
 
     def __init__(self, graph: Graph, partition: Partition, norms=("gcn", "mean"), jobs: int = 1,
-                 progress=None):
+                 progress=None, halos: bool = True):
         partition.validate(graph.num_nodes)
         self.graph, self.partition = graph, partition
         self.norms = check_norms(norms)
@@ -157,11 +160,14 @@ class ShardBuilder:
         say(f"normalisation sums of {n:,} vertices ({time.perf_counter() - t0:.1f} s)")
         self.owner = partition.owner
         self.local_id = partition.local_index()
-        t0 = time.perf_counter()
-        self._halos()
-        self.release()
-        say(f"halos of {self.parts} parts: {int(sum(h.size for h in self.halo_ids)):,} rows "
-            f"({time.perf_counter() - t0:.1f} s)")
+        self.halo_ids = None
+        if halos:
+            t0 = time.perf_counter()
+            self.take_halos(map_parts(self, ShardBuilder.halo_of, range(self.parts), self.jobs,
+                                      before_fork=kernels))
+            self.release()
+            say(f"halos of {self.parts} parts: {int(sum(h.size for h in self.halo_ids)):,} rows "
+                f"({time.perf_counter() - t0:.1f} s)")
 
     # ---------------------------------------------------------------- global passes
     @property
@@ -216,13 +222,19 @@ class ShardBuilder:
         for arr in (self.indptr, self.indices, self.weight):
             release(arr)
 
-    def _halos(self) -> None:
-        results = map_parts(self, ShardBuilder.halo_of, range(self.parts), self.jobs,
-                            before_fork=kernels)
+    def take_halos(self, results) -> None:
+        """Every part's :meth:`halo_of`, in part order: what :meth:`structure`'s send lists
+        and :meth:`quality_counts` need. Made in ``__init__``, or (``halos=False``) by the
+        disk writer's part tasks, each beside its part's rows (:meth:`rows_with_halo`)."""
+        results = list(results)
         self.halo_ids = [r[0] for r in results]
         self.recv_counts = [r[1] for r in results]
         self.cut = np.array([r[2] for r in results], np.int64)
         self.part_nnz = np.array([r[3] for r in results], np.int64)
+
+    def work_estimate(self) -> np.ndarray:
+        """(parts,) stored entries of each part's rows: its work, known before its halo."""
+        return np.bincount(self.owner, weights=np.diff(self.indptr), minlength=self.parts)
 
     def halo_of(self, rank: int):
         """(halo ids by owner then id, recv counts, cut entries, non-zeros) of one part."""
@@ -258,9 +270,22 @@ class ShardBuilder:
         if not 0 <= rank < self.parts:
             raise InputError(f"rank {rank} is outside [0, {self.parts}) for a partition into "
                              f"{self.parts} parts")
+        self._need_halos()
+        arrays = self._rows(rank, self.halo_ids[rank], self.recv_counts[rank],
+                            int(self.part_nnz[rank]))
+        arrays["send_local"], arrays["send_counts"] = self.sends(rank)
+        return arrays
+
+    def rows_with_halo(self, rank: int):
+        """(:meth:`halo_of`, the part's arrays without the send lists) in one go, for a
+        builder made with ``halos=False``: the part's rows are read twice in a row (the halo
+        pass, then the rows pass), the second time from the CPU's cache."""
+        found = self.halo_of(rank)
+        return found, self._rows(rank, found[0], found[1], found[3])
+
+    def _rows(self, rank: int, halo: np.ndarray, recv_counts, nnz: int) -> dict:
         owned = self.partition.vertices(rank)
-        n_local, nnz = owned.shape[0], int(self.part_nnz[rank])
-        halo = self.halo_ids[rank]
+        n_local = owned.shape[0]
         _, _, table = self._per_vertex()  # column -> (group, local id), cinv; only this part's read
         table_f = table.view(np.float64)
         table[owned, 0] = np.arange(n_local, dtype=np.int64)
@@ -279,11 +304,9 @@ class ShardBuilder:
         if "sum" in self.norms:
             made["sum"] = raw if raw.dtype == np.float32 else raw.astype(np.float32)
         values = {k: made[k] for k in self.norms}
-        send_local, send_counts = self.sends(rank)
         return {"global_ids": owned.astype(np.int64), "indptr": indptr, "indices": cols,
                 "values": values, "raw_weight": raw, "orig_edge": orig,
-                "halo_ids": halo.astype(np.int64), "recv_counts": self.recv_counts[rank],
-                "send_counts": send_counts, "send_local": send_local}
+                "halo_ids": halo.astype(np.int64), "recv_counts": recv_counts}
 
     def shard_meta(self) -> dict:
         p = self.partition
@@ -298,8 +321,14 @@ class ShardBuilder:
         return Shard(rank=rank, world_size=self.parts, n_global=g.num_nodes,
                      num_classes=int(g.num_classes), meta=self.shard_meta(), **arrays, **node)
 
+    def _need_halos(self) -> None:
+        if self.halo_ids is None:
+            raise ValueError("this ShardBuilder was made with halos=False and its halos were "
+                             "not taken yet (write_shards takes them from its part tasks)")
+
     def quality_counts(self) -> dict:
         """What the quality report needs from S, from the passes already made."""
+        self._need_halos()
         return {"nnz": self.nnz_total, "edge_cut": int(self.cut.sum()), "part_nnz": self.part_nnz,
                 "halo": np.array([h.size for h in self.halo_ids], np.int64),
                 "off_diagonal": self.nnz_total - self.graph.num_nodes}

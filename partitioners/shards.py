@@ -101,8 +101,9 @@ def _move_into_place(tmp: str, final: str) -> None:
 
 
 def _structure_files(arrays: dict) -> dict:
-    """relative path -> array of a part's structure (:meth:`ShardBuilder.structure`)."""
-    files = {f"{name}.npy": arrays[name] for name in STRUCTURE_ARRAYS}
+    """relative path -> array of a part's structure (:meth:`ShardBuilder.structure`; the send
+    lists only when ``arrays`` has them)."""
+    files = {f"{name}.npy": arrays[name] for name in STRUCTURE_ARRAYS if name in arrays}
     files.update({f"values_{k}.npy": v for k, v in arrays["values"].items()})
     return files
 
@@ -138,7 +139,9 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     copy of the graph or of its features is held. The parts (biggest first) and then the
     feature blocks are the tasks of one pool of ``jobs`` forked processes, so the blocks fill
     in while the last parts finish. ``builder`` reuses passes already made for ``graph`` and
-    ``partition`` (the quality report's). ``progress(msg)`` is
+    ``partition``; one made with ``halos=False`` gets its halos from the part tasks, each
+    part's halo pass just before its rows pass (and holds them after, for the quality
+    report). ``progress(msg)`` is
     called before each long step. ``source`` (:func:`dataset_source`) is recorded in
     ``meta.json`` so readers can match a dataset spec cheaply. ``out_dir`` must pass
     :func:`check_shard_folder` (``what`` names it in messages). ``validated``: the caller has
@@ -150,8 +153,8 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     if not validated:
         graph.validate()
     if builder is None:
-        say("normalisation sums and halos (passes over the structure)")
-        builder = ShardBuilder(graph, partition, norms, jobs=jobs, progress=say)
+        say("normalisation sums (a pass over the structure)")
+        builder = ShardBuilder(graph, partition, norms, jobs=jobs, progress=say, halos=False)
     elif builder.graph is not graph or builder.partition is not partition:
         raise ValueError("write_shards: the builder was made for another graph or partition")
     claim_shard_folder(out_dir, what)  # checked again: from here on every entry is gnnpar's
@@ -175,6 +178,8 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     blocks = FeatureBlocks(graph, partition, tmps, row_block)
     blocks.prepare()
 
+    halos_later = builder.halo_ids is None  # each part task makes its own halo first
+
     def task(plan: ShardBuilder, job: tuple):
         kind, i = job
         if kind == "x":  # a block of feature rows, beside the parts' rows in the pool
@@ -182,22 +187,31 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
             if i % 8 == 7:
                 say(f"features: block {i + 1}/{len(blocks)} ({rows:,} rows)")
             return None
-        arrays = plan.structure(i)
+        halo, arrays = plan.rows_with_halo(i) if halos_later else (None, plan.structure(i))
         for rel, arr in _structure_files(arrays).items():
             save_npy(os.path.join(tmps[i], rel), arr)
         plan.release()
         say(f"rows of part {i + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
             f"{arrays['halo_ids'].shape[0]:,} halo rows")
-        return {"n_local": int(arrays["global_ids"].shape[0]),
-                "n_halo": int(arrays["halo_ids"].shape[0]), "nnz": int(arrays["indices"].shape[0])}
+        return halo, {"n_local": int(arrays["global_ids"].shape[0]),
+                      "n_halo": int(arrays["halo_ids"].shape[0]),
+                      "nnz": int(arrays["indices"].shape[0])}
 
     # the biggest parts first, the feature blocks last: they fill in while the last rows finish
-    by_size = sorted(range(P), key=lambda r: -int(builder.part_nnz[r]))
+    size = builder.work_estimate() if halos_later else builder.part_nnz
+    by_size = sorted(range(P), key=lambda r: -int(size[r]))
     jobs = [("rows", r) for r in by_size] + [("x", i) for i in range(len(blocks))]
     results = map_parts(builder, task, jobs, builder.jobs, before_fork=kernels)
-    counts = {job[1]: res for job, res in zip(jobs, results) if job[0] == "rows"}
+    done = {job[1]: res for job, res in zip(jobs, results) if job[0] == "rows"}
+    if halos_later:  # every halo is known now: the send lists follow from them
+        builder.take_halos(done[rank][0] for rank in range(P))
+        for rank in range(P):
+            send_local, send_counts = builder.sends(rank)
+            save_npy(os.path.join(tmps[rank], "send_local.npy"), send_local)
+            save_npy(os.path.join(tmps[rank], "send_counts.npy"), send_counts)
     for rank in range(P):
-        manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank, **counts[rank]}
+        manifest = {"format_version": FORMAT_VERSION, "run_id": run_id, "rank": rank,
+                    **done[rank][1]}
         _finish_folder(tmps[rank], part_dir(out_dir, rank), manifest)
     for entry in os.listdir(out_dir):  # parts left over from an earlier write with more parts
         match = PART_RE.match(entry)

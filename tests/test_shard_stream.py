@@ -122,6 +122,25 @@ def test_report_from_the_passes_equals_report_from_s():
     assert report(g, part, counts=counts) == report(g, part)
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_halos_made_by_the_writers_part_tasks(tmp_path, jobs):
+    """gnnpar-partition's way: the writer's part tasks make the halos; the builder then holds
+    the same halos and quality counts as one that made them up front."""
+    from gnnpar.partitioners import report
+    g = messy_graph(n=60, seed=12)
+    part = partition_graph(g, 5, "random", seed=2)
+    later = ShardBuilder(g, part, jobs=jobs, halos=False)
+    with pytest.raises(ValueError, match="halos=False"):
+        later.quality_counts()
+    write_shards(g, part, str(tmp_path / "s"), builder=later)
+    early = ShardBuilder(g, part)
+    for a, b in zip(later.halo_ids, early.halo_ids):
+        assert np.array_equal(a, b)
+    assert report(g, part, counts=later.quality_counts()) == report(g, part)
+    for rank, want in enumerate(reference_shards(g, part)):
+        assert_same(load_shard(str(tmp_path / "s"), rank, mmap=False), want)
+
+
 def _parhip64(path, indptr, indices, vweights):
     """KaMinPar's 64-bit ParHiP layout (every field 8 bytes): the reference for the 32-bit one."""
     n, m = indptr.shape[0] - 1, indices.shape[0]

@@ -187,14 +187,14 @@ def test_leftover_tmp_folder_is_refused(written):
 def test_crash_mid_rewrite_leaves_a_directory_that_does_not_load(written, monkeypatch):
     from gnnpar.partitioners.shard_build import ShardBuilder
     g, part, d = written
-    real = ShardBuilder.structure
+    real = ShardBuilder._rows  # every part's rows go through it, whoever made its halo
 
-    def failing(self, rank):
+    def failing(self, rank, *args):
         if rank == 2:
             raise RuntimeError("simulated crash")
-        return real(self, rank)
+        return real(self, rank, *args)
 
-    monkeypatch.setattr(ShardBuilder, "structure", failing)
+    monkeypatch.setattr(ShardBuilder, "_rows", failing)
     with pytest.raises(RuntimeError):
         write_shards(g, part, d)
     for rank in range(3):                     # parts 0-1 are new, part 2 old: none may load
