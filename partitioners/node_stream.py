@@ -91,13 +91,12 @@ class FeatureBlocks:
         rows = b - a
         x, owner = self.graph.x, self.partition.owner
         if self._buffers is None or self._buffers[0] != os.getpid():  # reused within a process
-            self._buffers = (os.getpid(), np.empty((self.step, x.shape[1]), x.dtype),
-                             np.empty((self.step, x.shape[1]), x.dtype))
-        _, block, grouped = self._buffers
-        block[:rows] = x[a:b]
-        release(x)
+            self._buffers = (os.getpid(), np.empty((self.step, x.shape[1]), x.dtype))
+        _, grouped = self._buffers
         order = np.argsort(owner[a:b], kind="stable")  # rows grouped by part, ascending
-        np.take(block[:rows], order, axis=0, out=grouped[:rows], mode="clip")  # unbuffered
+        # straight from the (mapped) rows into the reused buffer: one copy, unbuffered
+        np.take(np.asarray(x[a:b]), order, axis=0, out=grouped[:rows], mode="clip")
+        release(x)
         at = 0
         for rank in np.flatnonzero(self.counts[i]):
             c = int(self.counts[i, rank])
