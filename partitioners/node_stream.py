@@ -85,18 +85,29 @@ class FeatureBlocks:
         self.starts = [_start_npy(path, x.dtype, (int(sizes[r]), int(x.shape[1])))
                        for r, path in enumerate(self.paths)]
 
-    def write(self, i: int) -> int:
-        """Write block ``i``; returns its row count."""
+    def write(self, i: int, writer=None) -> int:
+        """Write block ``i`` (its rows gathered here, written by ``writer.submit`` when given:
+        see ``write_through.Background``); returns its row count."""
         a, b = self.bounds[i]
         rows = b - a
         x, owner = self.graph.x, self.partition.owner
         if self._buffers is None or self._buffers[0] != os.getpid():  # reused within a process
-            self._buffers = (os.getpid(), np.empty((self.step, x.shape[1]), x.dtype))
-        _, grouped = self._buffers
+            self._buffers = (os.getpid(), [np.empty((self.step, x.shape[1]), x.dtype)
+                                           for _ in range(2)], [0])
+        _, buffers, turn = self._buffers
+        grouped = buffers[turn[0]]  # the other one may still be on its way to the disk
+        turn[0] ^= 1
         order = np.argsort(owner[a:b], kind="stable")  # rows grouped by part, ascending
-        # straight from the (mapped) rows into the reused buffer: one copy, unbuffered
+        # straight from the (mapped) rows into a reused buffer: one copy, unbuffered
         np.take(np.asarray(x[a:b]), order, axis=0, out=grouped[:rows], mode="clip")
         release(x)
+        if writer is None:
+            self._put(i, grouped)
+        else:
+            writer.submit(self._put, i, grouped)
+        return rows
+
+    def _put(self, i: int, grouped: np.ndarray) -> None:
         at = 0
         for rank in np.flatnonzero(self.counts[i]):
             c = int(self.counts[i, rank])
@@ -107,7 +118,6 @@ class FeatureBlocks:
             finally:
                 os.close(fd)
             at += c
-        return rows
 
 
 def write_small_arrays(graph, partition: Partition, folders) -> None:

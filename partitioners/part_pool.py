@@ -9,28 +9,42 @@ import os
 _STATE = {}  # what a forked worker reads: set before the pool forks, cleared after
 
 
-def map_parts(owner, task, ranks, jobs: int = 1, before_fork=None):
+def map_parts(owner, task, ranks, jobs: int = 1, before_fork=None, finish=None):
     """``[task(owner, r) for r in ranks]``, over ``jobs`` forked processes when more than one
-    (in order). ``before_fork()`` runs once in this process first (e.g. to compile kernels).
+    (in order). ``before_fork()`` runs once in this process first (e.g. to compile kernels);
+    ``finish()`` runs once in every process that ran tasks, after its last task and before
+    this returns (e.g. to wait for work a task left to a thread), its errors raised here.
     Runs in this process where it may not fork: a daemonic process (a pool's worker) may have
     no children, and only POSIX forks."""
     ranks = list(ranks)
     jobs = min(max(1, int(jobs)), len(ranks))
     if (jobs <= 1 or multiprocessing.current_process().daemon
             or "fork" not in multiprocessing.get_all_start_methods()):
-        return [task(owner, r) for r in ranks]
+        results = [task(owner, r) for r in ranks]
+        if finish is not None:
+            finish()
+        return results
     if before_fork is not None:
         before_fork()
-    _STATE.update(owner=owner, task=task)
+    ctx = multiprocessing.get_context("fork")
+    _STATE.update(owner=owner, task=task, finish=finish, barrier=ctx.Barrier(jobs))
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            return pool.map(_run, ranks, chunksize=1)
+        with ctx.Pool(jobs) as pool:
+            results = pool.map(_run, ranks, chunksize=1)
+            if finish is not None:  # one each: no worker leaves the barrier until all are in
+                pool.map(_finish, range(jobs), chunksize=1)
+            return results
     finally:
         _STATE.clear()
 
 
 def _run(rank: int):
     return _STATE["task"](_STATE["owner"], rank)
+
+
+def _finish(_):
+    _STATE["barrier"].wait(timeout=600)
+    _STATE["finish"]()
 
 
 def default_jobs() -> int:

@@ -66,7 +66,7 @@ from .node_stream import FeatureBlocks, write_small_arrays
 from .part_pool import map_parts
 from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_shards, kernels  # noqa: F401
 from .shard_check import validate_shard
-from .write_through import save_npy
+from .write_through import background, save_npy
 from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
                            TMP_FILE_RE, check_shard_folder, claim_shard_folder,  # noqa: F401
                            dataset_source)
@@ -106,6 +106,11 @@ def _structure_files(arrays: dict) -> dict:
     files = {f"{name}.npy": arrays[name] for name in STRUCTURE_ARRAYS if name in arrays}
     files.update({f"values_{k}.npy": v for k, v in arrays["values"].items()})
     return files
+
+
+def _save_files(folder: str, files: dict) -> None:
+    for rel, arr in files.items():
+        save_npy(os.path.join(folder, rel), arr)
 
 
 def _start_folder(final: str) -> str:
@@ -183,13 +188,13 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     def task(plan: ShardBuilder, job: tuple):
         kind, i = job
         if kind == "x":  # a block of feature rows, beside the parts' rows in the pool
-            rows = blocks.write(i)
+            rows = blocks.write(i, background())
             if i % 8 == 7:
                 say(f"features: block {i + 1}/{len(blocks)} ({rows:,} rows)")
             return None
         halo, arrays = plan.rows_with_halo(i) if halos_later else (None, plan.structure(i))
-        for rel, arr in _structure_files(arrays).items():
-            save_npy(os.path.join(tmps[i], rel), arr)
+        # the disk takes this part's files while the process makes the next task's
+        background().submit(_save_files, tmps[i], _structure_files(arrays))
         plan.release()
         say(f"rows of part {i + 1}/{P}: {arrays['indices'].shape[0]:,} non-zeros, "
             f"{arrays['halo_ids'].shape[0]:,} halo rows")
@@ -201,7 +206,8 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     size = builder.work_estimate() if halos_later else builder.part_nnz
     by_size = sorted(range(P), key=lambda r: -int(size[r]))
     jobs = [("rows", r) for r in by_size] + [("x", i) for i in range(len(blocks))]
-    results = map_parts(builder, task, jobs, builder.jobs, before_fork=kernels)
+    results = map_parts(builder, task, jobs, builder.jobs, before_fork=kernels,
+                        finish=lambda: background().flush())
     done = {job[1]: res for job, res in zip(jobs, results) if job[0] == "rows"}
     if halos_later:  # every halo is known now: the send lists follow from them
         builder.take_halos(done[rank][0] for rank in range(P))

@@ -30,3 +30,39 @@ def test_pwrite_through_at_an_offset(tmp_path, monkeypatch):
     finally:
         os.close(fd)
     assert open(path, "rb").read() == b"...." + b"abcdefghijklm" + b"." * 13
+
+
+def test_background_runs_one_job_at_a_time_and_raises_its_error_in_the_caller():
+    done = []
+    writer = write_through.Background()
+    writer.submit(done.append, 1)
+    writer.submit(done.append, 2)  # waits for the first
+    writer.flush()
+    assert done == [1, 2]
+
+    def fail():
+        raise OSError("disk full")
+    writer.submit(fail)
+    with pytest.raises(OSError, match="disk full"):
+        writer.submit(done.append, 3)
+    assert done == [1, 2]
+    writer.flush()  # the error was handed over once
+
+
+def _task(owner, rank):
+    write_through.background().submit(_slow_mark, owner, rank)
+    return rank
+
+
+def _slow_mark(folder, rank):
+    import time
+    time.sleep(0.05)
+    open(os.path.join(folder, str(rank)), "w").close()
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_map_parts_finish_waits_for_every_workers_last_write(tmp_path, jobs):
+    from gnnpar.partitioners.part_pool import map_parts
+    assert map_parts(str(tmp_path), _task, range(7), jobs,
+                     finish=lambda: write_through.background().flush()) == list(range(7))
+    assert sorted(os.listdir(tmp_path)) == [str(r) for r in range(7)]
