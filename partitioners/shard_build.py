@@ -53,6 +53,9 @@ from .partition import Partition
 from .shard_kernels import GROUP_SHIFT, kernels
 
 NODE_ARRAYS = ("x", "y", "train_mask", "val_mask", "test_mask")
+#: parts up to which a symmetric graph's halos come from one pass of per-vertex part bits
+#: (``words = parts / 64`` uint64 a vertex: 32 bytes a vertex at most)
+MAX_BITS_PARTS = 256
 
 
 class LocalRows:
@@ -161,10 +164,13 @@ class ShardBuilder:
         self.owner = partition.owner
         self.local_id = partition.local_index()
         self.halo_ids = None
-        if halos:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        if self.canonical and self.symmetric and self.parts <= MAX_BITS_PARTS:
+            self._halos_from_bits()  # one sequential pass for all parts: always worth it
+        elif halos:
             self.take_halos(map_parts(self, ShardBuilder.halo_of, range(self.parts), self.jobs,
                                       before_fork=kernels))
+        if self.halo_ids is not None:
             self.release()
             say(f"halos of {self.parts} parts: {int(sum(h.size for h in self.halo_ids)):,} rows "
                 f"({time.perf_counter() - t0:.1f} s)")
@@ -231,6 +237,24 @@ class ShardBuilder:
         self.recv_counts = [r[1] for r in results]
         self.cut = np.array([r[2] for r in results], np.int64)
         self.part_nnz = np.array([r[3] for r in results], np.int64)
+
+    def _halos_from_bits(self) -> None:
+        """Every part's :meth:`halo_of` at once, for a canonical CSR with a symmetric pattern
+        (``shard_kernels.halo_bits_pass``): one pass over the rows in order instead of a pass
+        a part with a random read per entry."""
+        n, P = self.graph.num_nodes, self.parts
+        words = (P + 63) // 64
+        bits = np.zeros((max(n, 1), words), np.uint64)
+        cut, nnz = np.zeros(P, np.int64), np.zeros(P, np.int64)
+        owner = self.owner.astype(np.int32 if P < 1 << 31 else np.int64)
+        kernels().halo_bits_pass(self.indptr, self.indices, owner, bits, cut, nnz)
+        offsets, recv = np.zeros(P + 1, np.int64), np.zeros((P, P), np.int64)
+        perm = self.partition.perm
+        kernels().halo_lists(perm, bits, owner, offsets, np.zeros(0, np.int64), recv)
+        flat = np.empty(max(int(offsets[-1]), 1), np.int64)
+        kernels().halo_lists(perm, bits, owner, offsets, flat, recv)
+        self.take_halos((flat[offsets[p]:offsets[p + 1]], recv[p], int(cut[p]), int(nnz[p]))
+                        for p in range(P))
 
     def work_estimate(self) -> np.ndarray:
         """(parts,) stored entries of each part's rows: its work, known before its halo."""

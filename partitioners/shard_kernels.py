@@ -14,7 +14,8 @@ The passes and what they give:
   its ``np.bincount`` calls (row-major S order, one addition at a time), so the values are the
   same bits; whether a vertex had a self loop; the first negative weight of each kind;
 - :func:`halo_pass`: one part's halo (distinct columns owned elsewhere), its cut entries and
-  its non-zeros;
+  its non-zeros; for a canonical CSR with a symmetric pattern, :func:`halo_bits_pass` and
+  :func:`halo_lists` give every part's at once from one sequential pass;
 - :func:`rows_pass`: one part's rows with local column ids (owned ``[0, n_local)``, then the
   halo in its order), sorted inside each row, and each entry's raw weight, ``orig_edge`` flag
   and normalised values.
@@ -32,8 +33,10 @@ import numpy as np
 from gnnpar.kernels.jit import compile_module
 
 GROUP_SHIFT = 40  # rows_pass table: a local id takes the bits below, its group those above
-NAMES = ("mix", "s_row", "degree_pass", "degree_pass_unit", "halo_pass", "rows_pass", "symmetric_pass")
-mix = s_row = degree_pass = degree_pass_unit = halo_pass = rows_pass = symmetric_pass = None  # the compiled passes, set by kernels()
+NAMES = ("mix", "s_row", "degree_pass", "degree_pass_unit", "halo_pass", "halo_bits_pass",
+         "halo_lists", "rows_pass", "symmetric_pass")
+mix = s_row = degree_pass = degree_pass_unit = halo_pass = halo_bits_pass = halo_lists = None
+rows_pass = symmetric_pass = None  # the compiled passes, set by kernels()
 
 
 def kernels():
@@ -211,6 +214,66 @@ def _halo_pass(indptr, indices, weight, weighted, canonical, scratch, owned, own
                     halo[h] = c
                     h += 1
     return h, cut, nnz
+
+def _halo_bits_pass(indptr, indices, owner, bits, cut, part_nnz):
+    """Every part's halo membership in one pass, for a canonical CSR whose pattern is
+    symmetric (so S's is): part p's rows read column c exactly when c's row reads a vertex of
+    p, so scanning c's own row finds every part that needs c, reading only ``owner`` (small
+    enough to stay in cache) and writing nothing scattered. ``bits`` (n, words) uint64 gets
+    bit ``p % 64`` of word ``p // 64`` for each such part p != owner[c]; ``cut[p]`` counts p's
+    entries in columns it does not own, ``part_nnz[p]`` S's non-zeros in p's rows (both what
+    :func:`halo_pass` returns; counted from the mirror entries, equal by symmetry)."""
+    n = indptr.shape[0] - 1
+    one = np.uint64(1)
+    for c in range(n):
+        oc = owner[c]
+        lo, hi = indptr[c], indptr[c + 1]
+        loops = 0
+        for e in range(lo, hi):
+            v = indices[e]
+            if v == c:
+                loops += 1
+                continue
+            p = owner[v]
+            if p != oc:
+                bits[c, p >> 6] |= one << np.uint64(p & 63)
+                cut[p] += 1
+        part_nnz[oc] += hi - lo - loops + 1
+
+
+def _halo_lists(perm, bits, owner, offsets, flat, recv):
+    """Each part's halo from :func:`halo_bits_pass`'s ``bits``, into ``flat[offsets[p]:
+    offsets[p + 1]]`` (``offsets`` (parts+1,) filled here), ordered by owner then id as
+    :func:`halo_pass`'s callers sort it: ``perm`` lists the vertices by owner, ascending
+    inside each; ``recv[p, q]`` counts p's halo rows owned by q. Call with ``flat`` of size
+    0 first to size it (returns the total), then again to fill it."""
+    parts = offsets.shape[0] - 1
+    fill = flat.shape[0] > 0
+    pos = np.zeros(parts, np.int64)
+    if fill:
+        for p in range(parts):
+            pos[p] = offsets[p]
+    for i in range(perm.shape[0]):
+        c = perm[i]
+        q = owner[c]
+        for w in range(bits.shape[1]):
+            word = bits[c, w]
+            p = w * 64
+            while word:
+                if word & np.uint64(1):
+                    if fill:
+                        flat[pos[p]] = c
+                    pos[p] += 1
+                    recv[p, q] += 1
+                word >>= np.uint64(1)
+                p += 1
+    if not fill:
+        offsets[0] = 0
+        for p in range(parts):
+            offsets[p + 1] = offsets[p] + pos[p]
+        recv[:, :] = 0
+    return offsets[parts]
+
 
 def _rows_pass(indptr, indices, weight, weighted, canonical, scratch, owned, table, table_f,
                parts, rinv, inv, out_indptr, out_cols, out_raw, out_orig, out_gcn, out_mean):
