@@ -246,7 +246,7 @@ class ShardBuilder:
         words = (P + 63) // 64
         bits = np.zeros((max(n, 1), words), np.uint64)
         cut, nnz = np.zeros(P, np.int64), np.zeros(P, np.int64)
-        owner = self.owner.astype(np.int32 if P < 1 << 31 else np.int64)
+        owner = self.owner.astype(np.int8 if P <= 127 else np.int16)  # small: stays in cache
         kernels().halo_bits_pass(self.indptr, self.indices, owner, bits, cut, nnz)
         offsets, recv = np.zeros(P + 1, np.int64), np.zeros((P, P), np.int64)
         perm = self.partition.perm
