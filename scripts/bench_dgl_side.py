@@ -14,6 +14,17 @@ its columns, no self loops), ``x`` (n, f) float32, ``y`` (n,) int64, ``train_mas
                                                            -> {"mb_s", "edges_per_mb", ...}
     {"measure": "train", "threads": 2, "epochs": 5, "fanouts": [15, 10, 5],
      "batch_size": 1024, "hidden": 256, "dropout": 0.5}    -> {"epochs_s": [...], "steps", ...}
+    {"measure": "gat", "threads": 2, "warmup": 2, "steps": 5, "layers": 2, "heads": 4,
+     "width": 64, "dropout": 0.5}             -> {"step_s": median, "steps_s", "peak_growth_bytes"}
+
+``gat`` is ``scripts/bench_gat.py``'s model in DGL: ``layers`` × ``GATConv`` (``heads`` heads of
+``width`` in the hidden layers, flattened; the output layer's heads averaged), LeakyReLU 0.2,
+dropout ``dropout`` on each layer's input (outside the layer, as the PyG side) and on the
+attention coefficients (``attn_drop``), ELU between layers, on A' + I (DGL's
+``add_self_loop``), Adam (lr 0.005, weight decay 5e-4), mean cross-entropy of the training
+nodes; a step is forward + backward + Adam step. ``peak_growth_bytes``: the largest resident
+set while the request ran (sampled every 2 ms from ``/proc/self/statm``) minus the one before
+the model was made.
 
 ``fanouts`` are in DGL's own order (input layer first, as NeighborSampler takes them).
 
@@ -31,6 +42,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
@@ -38,7 +50,7 @@ import torch
 from torch.nn import functional as F
 
 import dgl
-from dgl.nn import GraphConv, SAGEConv
+from dgl.nn import GATConv, GraphConv, SAGEConv
 
 HIDDEN, LAYERS, DROPOUT, LR, WEIGHT_DECAY = 256, 3, 0.5, 0.01, 5e-4  # gnnpar's defaults
 
@@ -85,6 +97,51 @@ class SAGE(torch.nn.Module):
             if i < len(self.layers) - 1:
                 h = F.relu(h)
         return h
+
+
+class GAT(torch.nn.Module):
+    def __init__(self, f_in, width, heads, f_out, layers, dropout):
+        super().__init__()
+        widths = [f_in] + [width * heads] * (layers - 1)
+        self.dropout = dropout
+        self.convs = torch.nn.ModuleList(
+            [GATConv(a, width, heads, attn_drop=dropout, negative_slope=0.2,
+                     allow_zero_in_degree=True) for a in widths[:-1]]
+            + [GATConv(widths[-1], f_out, heads, attn_drop=dropout, negative_slope=0.2,
+                       allow_zero_in_degree=True)])
+
+    def forward(self, g, h):
+        last = len(self.convs) - 1
+        for i, conv in enumerate(self.convs):
+            h = conv(g, F.dropout(h, self.dropout, self.training))
+            h = F.elu(h.flatten(1)) if i < last else h.mean(1)
+        return h
+
+
+class PeakRSS:
+    """The largest resident set while open, sampled every 2 ms on a thread."""
+
+    def __enter__(self):
+        self.base = self.peak = self._rss()
+        self.stop = False
+        self.t = threading.Thread(target=self._watch, daemon=True)
+        self.t.start()
+        return self
+
+    @staticmethod
+    def _rss():
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _watch(self):
+        while not self.stop:
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.t.join()
+        self.growth = self.peak - self.base
 
 
 class Side:
@@ -137,6 +194,26 @@ class Side:
             if i >= req["warmup"]:
                 times.append(time.perf_counter() - t0)
         return {"step_s": statistics.median(times), "steps_s": times}
+
+    def gat(self, req):
+        g = self.gcn_graph()
+        with PeakRSS() as rss:
+            torch.manual_seed(0)
+            model = GAT(self.x.shape[1], req["width"], req["heads"], self.num_classes,
+                        req["layers"], req["dropout"])
+            opt = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=WEIGHT_DECAY)
+            times = []
+            for i in range(req["warmup"] + req["steps"]):
+                t0 = time.perf_counter()
+                model.train()
+                opt.zero_grad()
+                out = model(g, self.x)
+                F.cross_entropy(out[self.train_ids], self.y[self.train_ids]).backward()
+                opt.step()
+                if i >= req["warmup"]:
+                    times.append(time.perf_counter() - t0)
+        return {"step_s": statistics.median(times), "steps_s": times,
+                "peak_growth_bytes": rss.growth}
 
     def sample(self, req):
         # fused=True is DGL's default (its fused kernel when it has > 1 OpenMP thread)
