@@ -215,10 +215,12 @@ def test_bench_gat_script_runs_both_sides():
     from .cli_util import ROOT
     res = subprocess.run([sys.executable, "scripts/bench_gat.py", "--dataset",
                           "sbm:n=200,blocks=2,p_in=0.05,p_out=0.01", "--rounds", "1",
-                          "--repeats", "1", "--warmup", "0", "--threads", "1"],
+                          "--repeats", "1", "--warmup", "0", "--threads", "1",
+                          "--dgl-venv", "/nonexistent-dgl-venv"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "gnnpar / PyG step time" in res.stdout
+    assert "dgl: not measured (no side venv at /nonexistent-dgl-venv" in res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(out["results"]) == {"gnnpar", "pyg"}
     assert all(v["epoch_s"] > 0 for v in out["results"].values())
