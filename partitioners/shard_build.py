@@ -8,9 +8,12 @@ in O(n) memory, never holding S = A' + I, its values or its transpose:
 2. the halo pass, part by part: each part's halo (the columns its rows read from other parts),
    sorted by owner rank then id, its cut entries and its non-zeros. Send lists come from the
    other parts' halos (what q reads from r is q's halo segment owned by r): no transpose.
-   Made for all parts up front, or (``halos=False``, the disk writer) by each part's task just
-   before that part's rows (:meth:`ShardBuilder.rows_with_halo`), the send lists written once
-   every task is done;
+   For a canonical CSR with a symmetric pattern (and at most :data:`MAX_BITS_PARTS` parts)
+   every part's halo comes from one sequential pass instead (``shard_kernels.halo_bits_pass``:
+   each vertex's own row names the parts that read it; ``parts / 64`` words a vertex, freed
+   after). Otherwise the per-part pass is made for all parts up front, or (``halos=False``,
+   the disk writer) by each part's task just before that part's rows
+   (:meth:`ShardBuilder.rows_with_halo`), the send lists written once every task is done;
 3. :meth:`ShardBuilder.structure`, one part at a time: its rows with local columns, values, raw
    weights and ``orig_edge``.
 
