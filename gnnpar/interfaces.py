@@ -11,6 +11,7 @@
   returns.
 - :class:`Reducer` — the collectives a training loop itself needs (metric sums and maxima,
   the gradient sum), one implementation for every runtime and engine.
+- :class:`LayerOps` — what a model's ``forward(ops, x)`` receives, one type whatever the run.
 """
 from __future__ import annotations
 
@@ -85,6 +86,36 @@ class Reducer:
             g = flat[offset:offset + p.numel()].view_as(p)
             p.grad = g.clone() if p.grad is None else p.grad.copy_(g)
             offset += p.numel()
+
+
+class LayerOps:
+    """The operators of a model's layers, one type whatever the run: ``ops[i]`` is layer i's.
+
+    Full batch on ``serial``, ``1d``, ``1d-halo``, ``1.5d`` and ``2d`` gives one operator that
+    serves every layer (``ops[i]`` is it for any i); ``3d``/``4d`` give one a layer (their grid
+    axes rotate from layer to layer) and mini batch one sampled block a layer, outermost
+    (input layer) first. A model indexes by layer and never needs to know which: the
+    trainers hand every model (``gnnpar.models.GNN`` and a ``--model package.module:factory``
+    one alike) a ``LayerOps``. ``layers``: the operators' count when there is one a layer,
+    else None. Made from an operator, a list of them, or another ``LayerOps``."""
+
+    def __init__(self, ops):
+        if isinstance(ops, LayerOps):
+            ops = ops._ops
+        self._ops = list(ops) if isinstance(ops, (list, tuple)) else ops
+
+    @property
+    def layers(self) -> Optional[int]:
+        return len(self._ops) if isinstance(self._ops, list) else None
+
+    def __getitem__(self, i: int):
+        if not isinstance(self._ops, list):
+            return self._ops
+        if not -len(self._ops) <= i < len(self._ops):
+            raise IndexError(f"the run made {len(self._ops)} operators (one a layer: --layers "
+                             f"{len(self._ops)}) and the model asked for layer {i}: the "
+                             "model's layer count must equal --layers")
+        return self._ops[i]
 
 
 @runtime_checkable

@@ -44,6 +44,8 @@ from torch.nn import functional as F
 from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
 from .dropout import _check, _seed, _units  # the fused SAGE layer draws its mask as they do
 from .attention import GAT_HEADS, GATLayer, gat_layers
+from .custom_model import build_custom, is_custom
+from .interfaces import LayerOps
 from .kernels import sage_fused
 from .product_order import aggregate_first_op
 
@@ -160,8 +162,9 @@ class GNN(nn.Module):
     :meth:`SAGELayer.fused`, the layer does them itself; elsewhere each layer adds its own
     bias, as always).
 
-    ``forward(ops, x)``: ``ops`` is one operator used by every layer (full batch) or a list with
-    one operator per layer (mini-batch blocks, outermost first).
+    ``forward(ops, x)``: ``ops`` is a :class:`~gnnpar.interfaces.LayerOps` (what the trainers
+    hand every model; ``ops[i]`` is layer i's operator), or what makes one: an operator used
+    by every layer, or a list of one a layer (3d/4d, mini-batch blocks, outermost first).
 
     ``kind="gat"`` (:mod:`gnnpar.attention`): ``heads`` heads (default :data:`GAT_HEADS`),
     ``hidden`` a hidden layer's width in all (a multiple of ``heads``), ELU and dropout
@@ -189,13 +192,13 @@ class GNN(nn.Module):
         self.layers = nn.ModuleList(layer(a, b) for a, b in zip(widths[:-1], widths[1:]))
 
     def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
-        per_layer = isinstance(ops, (list, tuple))
-        if per_layer and len(ops) != len(self.layers):
-            raise ValueError(f"got {len(ops)} operators for {len(self.layers)} layers")
+        ops = LayerOps(ops)
+        if ops.layers is not None and ops.layers != len(self.layers):
+            raise ValueError(f"got {ops.layers} operators for {len(self.layers)} layers")
         h = dropout(x, self.dropout, self.training)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            op = ops[i] if per_layer else ops
+            op = ops[i]
             if self.kind == "gat":  # ELU between layers, as the GAT paper
                 h = layer(op, h, (self.attn_dropout, self.training))
                 if i != last:
@@ -215,5 +218,9 @@ class GNN(nn.Module):
 
 
 def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float,
-                heads: Optional[int] = None, attn_dropout: Optional[float] = None) -> GNN:
+                heads: Optional[int] = None, attn_dropout: Optional[float] = None) -> nn.Module:
+    """``--model``'s model: a :class:`GNN` of ``kind`` (``gcn``, ``sage``, ``gat``), or a
+    user's (``package.module:factory``, :mod:`gnnpar.custom_model`)."""
+    if is_custom(kind):
+        return build_custom(kind, f_in, hidden, f_out, layers, dropout)
     return GNN(kind, f_in, hidden, f_out, layers, dropout, heads, attn_dropout)

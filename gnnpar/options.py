@@ -20,6 +20,8 @@ from gnnpar.precision import PRECISIONS
 
 from .attention import GAT_ALGOS, GAT_HEADS
 from .cli_common import check_bounds
+from .custom_model import check_custom, is_custom
+from .models import LAYERS
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
 from .resume import check_checkpoint_args
@@ -77,8 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "single-process full-batch run; none for mini batch and "
                         "distributed runs)")
     m = p.add_argument_group("model")
-    m.add_argument("--model", choices=("gcn", "sage", "gat"), default="gcn",
-                   help="layer type (gat: full batch with --algo serial or 1d-halo so far)")
+    m.add_argument("--model", default="gcn", metavar="{gcn,sage,gat,package.module:factory}",
+                   help="layer type (gat: full batch with --algo serial, 1d or 1d-halo so far), "
+                        "or your own model: factory(f_in, hidden, f_out, layers, dropout) "
+                        "returning a torch.nn.Module whose forward(ops, x) reads layer i's "
+                        "operator as ops[i] (gnnpar/custom_model.py; default: gcn)")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")
     m.add_argument("--hidden", type=int, default=64,
                    help="hidden width (features); with --model gat the width in all, heads x "
@@ -208,12 +213,24 @@ def check_args(args) -> None:
     if args.profile is not None and not 0 <= args.profile < args.epochs:
         raise InputError(f"--profile {args.profile} is not an epoch of this run "
                          f"(0..{args.epochs - 1})")
+    check_model_name(args)
     check_attention_args(args)
     check_model_args(args)
     apply_max_memory(args)
     check_sizes(args)
     check_output_paths(args)
     check_checkpoint_args(args)
+
+
+def check_model_name(args) -> None:
+    """``--model``: a built-in kind, or a factory that gives a model (``gnnpar/custom_model.py``
+    builds one trial model here, before any data)."""
+    if args.model in LAYERS:
+        return
+    if not is_custom(args.model):
+        raise InputError(f"--model {args.model!r}: choose one of {', '.join(LAYERS)} or name "
+                         "your own as package.module:factory")
+    check_custom(args.model, args.hidden, args.layers, args.dropout)
 
 
 def check_attention_args(args) -> None:

@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from .interfaces import SPLITS, CommStats, Reducer
+from .interfaces import SPLITS, CommStats, LayerOps, Reducer
 from .loss import summed_cross_entropy
 from .memory import RankMemory, peak_memory_bytes
 from .precision import autocast, check, matmuls
@@ -95,7 +95,7 @@ def train_step(model, opt, runtime, train_count: float, precision: str = "fp32"
     runtime.start_pass()
     with matmuls(precision):
         with autocast(precision, runtime.x.device):
-            out = model(runtime.op, runtime.x)
+            out = model(LayerOps(runtime.op), runtime.x)
         mask = runtime.masks["train"]
         loss_sum = summed_cross_entropy(out, runtime.y, mask)
         (loss_sum / train_count).backward()
@@ -110,7 +110,7 @@ def evaluate(model, runtime, precision: str = "fp32") -> Dict[str, float]:
     model.eval()
     runtime.start_pass()
     with matmuls(precision), autocast(precision, runtime.x.device):
-        out = model(runtime.op, runtime.x)
+        out = model(LayerOps(runtime.op), runtime.x)
     c = runtime.all_reduce_sum(_counts(out, runtime.y, runtime.masks))
     return {f"{s}_acc": float(c[2 * i] / max(c[2 * i + 1], 1)) for i, s in enumerate(SPLITS)}
 

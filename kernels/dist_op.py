@@ -22,11 +22,18 @@ from .local import autocast_input
 
 
 def shard_values(shard, norm: str) -> np.ndarray:
-    """The shard's Â values under normalisation ``norm`` (what every builder multiplies by)."""
-    if norm not in shard.values:
-        raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not {norm!r}; "
-                         f"repartition with it")
-    return np.asarray(shard.values[norm])
+    """The shard's Â values under normalisation ``norm`` (what every builder and sampler
+    reads). ``"sum"`` is S's raw weights as float32, which is what the writer stores for it
+    (``partitioners/shard_build.py``), so a shard written without it gives it from its
+    ``raw_weight``: a model asking for the plain adjacency needs no repartition."""
+    if norm in shard.values:
+        return np.asarray(shard.values[norm])
+    raw = getattr(shard, "raw_weight", None)
+    if norm == "sum" and raw is not None:
+        raw = np.asarray(raw)
+        return raw if raw.dtype == np.float32 else raw.astype(np.float32)
+    raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not {norm!r}; "
+                     f"repartition with it")
 
 
 class RowsSpMM(torch.autograd.Function):

@@ -6,9 +6,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_train(*argv, timeout=300, cwd=None):
-    """``python -m gnnpar.train ARGV`` from the checkout; the finished CompletedProcess."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def run_train(*argv, timeout=300, cwd=None, env=None):
+    """``python -m gnnpar.train ARGV`` from the checkout (``env``: variables to set beside
+    ``PYTHONPATH``, which it may replace); the finished CompletedProcess."""
+    env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
     return subprocess.run([sys.executable, "-m", "gnnpar.train", *argv], cwd=cwd or ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
 

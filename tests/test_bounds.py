@@ -231,14 +231,14 @@ def test_disk_full_while_writing_shards_is_exit_2_and_leaves_no_part(tmp_path, m
     when a forked job meets it)."""
     import gnnpar.partitioners.shards as shards
     saved = []
-    real_save = np.save
+    real_save = shards.save_npy  # every structure file goes through it (on a writer thread)
 
     def save(path, arr, *a, **k):
         if "part-00001" in str(path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         saved.append(path)
         return real_save(path, arr, *a, **k)
-    monkeypatch.setattr(shards.np, "save", save)
+    monkeypatch.setattr(shards, "save_npy", save)
     out = tmp_path / "out"
     refused(capsys, partition_main, ["--dataset", TINY, "--parts", "3", "--method", "block",
                                      "--out", str(out), "--quiet", "--jobs", jobs],
@@ -253,13 +253,13 @@ def test_disk_full_in_a_folder_gnnpar_wrote_before_keeps_no_unfinished_part(tmp_
     out = tmp_path / "out"
     argv = ["--dataset", TINY, "--parts", "3", "--method", "block", "--out", str(out), "--quiet"]
     assert partition_main(argv) == 0
-    real_save = np.save
+    real_save = shards.save_npy
 
     def save(path, arr, *a, **k):
         if "part-00002" in str(path):
             raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
         return real_save(path, arr, *a, **k)
-    monkeypatch.setattr(shards.np, "save", save)
+    monkeypatch.setattr(shards, "save_npy", save)
     refused(capsys, partition_main, argv, "the disk is full")
     left = sorted(os.listdir(out))
     assert not [e for e in left if e.startswith("part-")], left  # no half-rewritten parts

@@ -46,7 +46,7 @@ from typing import Callable, Optional
 
 import torch
 
-from gnnpar.interfaces import SPLITS, CommStats, Reducer
+from gnnpar.interfaces import SPLITS, CommStats, LayerOps, Reducer
 from gnnpar.loss import summed_cross_entropy
 from gnnpar.memory import peak_memory_bytes
 from gnnpar.precision import autocast, matmuls
@@ -100,7 +100,7 @@ def train_step(model, opt, engine, batch, global_count: int, precision: str = "f
     opt.zero_grad(set_to_none=True)
     with matmuls(precision):
         with autocast(precision, batch.x.device):
-            out = model(engine.operators(batch), batch.x)
+            out = model(LayerOps(engine.operators(batch)), batch.x)
         loss = summed_cross_entropy(out, batch.y)
         (loss / max(global_count, 1)).backward()
     engine.sync_grads(model.parameters())

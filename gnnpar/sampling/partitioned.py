@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from gnnpar.datasets import InputError
+from gnnpar.kernels.dist_op import shard_values
 from gnnpar.kernels.local import as_tensor
 
 from .topology import _check_kinds, index_dtype
@@ -76,10 +77,7 @@ class PartitionedTopology:
                    local_index: np.ndarray, rank: int) -> "PartitionedTopology":
         """From this rank's shard; the per-vertex vectors by all-gathers (setup traffic)."""
         kinds = _check_kinds(kinds)
-        for k in kinds:
-            if k not in shard.values:
-                raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not "
-                                 f"{k!r}; repartition with it")
+        values = {k: shard_values(shard, k) for k in kinds}  # refuses a kind it lacks
         n, n_local = int(shard.n_global), shard.n_local
         ids = np.asarray(shard.global_ids, np.int64)
         indptr = np.asarray(shard.indptr, np.int64)
@@ -89,7 +87,7 @@ class PartitionedTopology:
         own_self = {}
         for k in kinds:
             sv = np.zeros(n_local, np.float32)
-            sv[rows[diag]] = np.asarray(shard.values[k])[diag]
+            sv[rows[diag]] = values[k][diag]
             own_self[k] = sv
         off = np.flatnonzero(~diag)
         off = off[np.lexsort((cols[off], rows[off]))]
@@ -99,7 +97,7 @@ class PartitionedTopology:
         entries = np.empty(off.shape[0], fields)
         entries["col"] = cols[off]
         for k in kinds:
-            entries[k] = np.asarray(shard.values[k])[off]
+            entries[k] = values[k][off]
         # per-vertex vectors: every rank's part, placed by the owner map (ids ascending per rank)
         by_rank = np.argsort(owner, kind="stable")
         cuts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=comm.grid.size(axes)))])

@@ -31,6 +31,7 @@ import torch
 
 from gnnpar.datasets import Graph, InputError
 from gnnpar.datasets.normalize import KINDS, union_structure, values_for
+from gnnpar.kernels.dist_op import shard_values
 from gnnpar.kernels.local import as_tensor
 
 
@@ -142,10 +143,7 @@ def gather_topology(shard, comm, axes, kinds: Sequence[str] = ("gcn",)) -> Topol
     """
 
     kinds = _check_kinds(kinds)
-    for k in kinds:
-        if k not in shard.values:
-            raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not {k!r}; "
-                             f"repartition with it")
+    values = {k: shard_values(shard, k) for k in kinds}  # refuses a kind it lacks
     indptr = np.asarray(shard.indptr, np.int64)
     counts = torch.as_tensor(np.diff(indptr))
     row_ids = as_tensor(shard.global_ids, np.int64)
@@ -156,7 +154,7 @@ def gather_topology(shard, comm, axes, kinds: Sequence[str] = ("gcn",)) -> Topol
     rows_all = torch.cat(comm.all_gather(row_ids, axes, n_rows)).numpy()
     counts_all = torch.cat(comm.all_gather(counts, axes, n_rows)).numpy()
     cols_all = torch.cat(comm.all_gather(cols, axes, n_ent)).numpy()
-    vals = {k: torch.cat(comm.all_gather(as_tensor(shard.values[k], np.float32), axes,
+    vals = {k: torch.cat(comm.all_gather(as_tensor(values[k], np.float32), axes,
                                          n_ent)).numpy() for k in kinds}
     rows = np.repeat(rows_all, counts_all)
     return Topology.from_entries(int(shard.n_global), rows, cols_all, vals)
