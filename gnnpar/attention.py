@@ -10,8 +10,9 @@ paper (the layer asks for Â of the ``"gcn"`` normalisation only for its structu
 values are not used).
 
 A layer reaches the edge operations through ``op.edges()``: the serial runtime's operator
-(``kernels/edge_ops.py``) and the 1D operators, all-gather and halo exchange
-(``kernels/edge_dist.py``), serve them; an operator without them is refused with a message
+and a sampled block's (``kernels/edge_ops.py``: on a block, softmax over the sampled
+neighbours, no Horvitz–Thompson rescaling) and the 1D operators, all-gather and halo
+exchange (``kernels/edge_dist.py``), serve them; an operator without them is refused with a message
 naming what runs.
 
 Shapes: H (num_src, f_in) → (num_dst, heads·f_out) concatenated, (num_dst, f_out) averaged.
@@ -45,7 +46,7 @@ def edge_operator(op) -> EdgeOperator:
     if edges is None:
         raise InputError(f"{type(op).__name__} has no edge-valued operations: attention "
                          f"layers (--model gat) run in full batch with --algo "
-                         f"{' or '.join(GAT_ALGOS)} so far")
+                         f"{' or '.join(GAT_ALGOS)} and in data-parallel mini batch so far")
     return edges()
 
 

@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "distributed runs)")
     m = p.add_argument_group("model")
     m.add_argument("--model", default="gcn", metavar="{gcn,sage,gat,package.module:factory}",
-                   help="layer type (gat: full batch with --algo serial, 1d or 1d-halo so far), "
+                   help="layer type (gat: full batch with --algo serial, 1d or 1d-halo, and "
+                        "data-parallel mini batch, so far), "
                         "or your own model: factory(f_in, hidden, f_out, layers, dropout) "
                         "returning a torch.nn.Module whose forward(ops, x) reads layer i's "
                         "operator as ops[i] (gnnpar/custom_model.py; default: gcn)")
@@ -242,10 +243,13 @@ def check_attention_args(args) -> None:
                 raise InputError(f"{flag} sets the attention of --model gat; --model "
                                  f"{args.model} has none")
         return
-    if args.algo not in GAT_ALGOS or args.mode != "fullbatch":
+    if args.mode == "minibatch" and args.algo != "serial":
+        raise InputError("--model gat in mini batch runs data parallel (no --algo) so far: the "
+                         "grouped algorithms' blocks do not serve its edge-valued operations yet")
+    if args.algo not in GAT_ALGOS:
         raise InputError(f"--model gat runs in full batch with --algo {' or '.join(GAT_ALGOS)} "
-                         "so far (the other algorithms and sampled blocks do not serve its "
-                         "edge-valued operations yet)")
+                         "and in data-parallel mini batch so far (the other algorithms do not "
+                         "serve its edge-valued operations yet)")
     heads = GAT_HEADS if args.heads is None else args.heads  # >= 1: check_bounds
     if args.hidden % heads:
         raise InputError(f"--hidden {args.hidden} is a GAT hidden layer's width in all (heads x "

@@ -136,8 +136,8 @@ def test_train_cli_runs_gat_and_refuses_what_it_cannot_run(tmp_path):
     res = run_train(*base, "--algo", "1d-halo", "--nprocs", "2", "--epochs", "3")
     assert res.returncode == 0, res.stderr[-2000:]
     for extra, words in ((["--algo", "2d", "--nprocs", "2"], "--model gat runs"),
-                         (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "64"],
-                          "--model gat runs"),
+                         (["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "64",
+                           "--algo", "2d", "--grid", "1x1"], "runs data parallel"),
                          (["--heads", "3"], "multiple of --heads")):
         res = run_train(*base, *extra)
         assert res.returncode == 2 and words in res.stderr, res.stderr[-2000:]
@@ -247,3 +247,38 @@ def test_bf16_autocast_and_a_single_row():
     out = one(operator(np.ones((1, 1), bool)), x)
     z = (x @ one.lin.weight.t()).view(1, 2, 4).mean(dim=1)  # the softmax of one edge is 1
     torch.testing.assert_close(out, z + one.bias)
+
+
+def test_gat_on_full_neighbourhood_blocks_equals_the_full_graph():
+    """Mini batch: GAT on sampled blocks attends over each block's edges (softmax over the
+    sampled neighbours, self loop included). With every neighbour sampled (fanout -1) the
+    blocks hold each seed's whole 2-hop neighbourhood, so the model's seed rows and its
+    parameter gradients equal the full-graph serial model's."""
+    from gnnpar.sampling import NeighborSampler, SamplerConfig, Topology, batch_rng
+    from gnnpar.sampling.blocks import block_operators
+    from gnnpar.serial import SerialRuntime
+    from .graphs import random_graph
+    graph = random_graph(n=120, avg_deg=4, f=6, classes=3, seed=9)
+    seeds = np.arange(3, 120, 7)
+    blocks = NeighborSampler(Topology.from_graph(graph, ("gcn",)),
+                             SamplerConfig((-1, -1), "gcn")).sample(seeds, batch_rng(1, 0, 0, 0))
+    torch.manual_seed(0)
+    model = build_model("gat", 6, 8, 3, 2, 0.0, heads=2)
+    rt = SerialRuntime(graph, model.norm)
+    x = rt.x[torch.from_numpy(np.asarray(blocks[0].src_ids))]
+    got = model(block_operators(blocks, transpose=[True, True]), x)
+    grads_got = torch.autograd.grad(got.square().sum(), list(model.parameters()))
+    want = model(rt.op, rt.x)[torch.from_numpy(seeds)]
+    grads_want = torch.autograd.grad(want.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads_got, grads_want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_gat_trains_in_data_parallel_minibatch_and_refuses_grouped():
+    mb = ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "16", "--model", "gat",
+          "--heads", "2", "--hidden", "8", "--epochs", "1", "--quiet",
+          "--dataset", "sbm:n=120,blocks=3,p_in=0.1,p_out=0.01"]
+    assert run_train(*mb, "--nprocs", "2").returncode == 0
+    res = run_train(*mb, "--nprocs", "2", "--algo", "1d", "--group-size", "2")
+    assert res.returncode == 2 and "runs data parallel (no --algo)" in res.stderr
