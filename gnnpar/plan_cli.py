@@ -32,10 +32,12 @@ from gnnpar.datasets.owned import refuse_claimed
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
 from gnnpar.kernels.comm import WIRE_DTYPES
 from gnnpar.kernels.cost_model import Machine, Structure, rank_algorithms
+from gnnpar.kernels.cost_terms import gat_kind
 from gnnpar.partitioners import partition_graph
 
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
+from .attention import GAT_ALGOS, GAT_HEADS
 from .cli_common import MAX_RANKS, check_bounds, run_cli
 from .precision import PRECISIONS
 
@@ -128,9 +130,22 @@ def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, worl
     check_world(world)
     widths = [f_in] + [hidden] * (layers - 1) + [classes]
     cap = parse_bytes(args.mem_cap) if args.mem_cap else None
-    return rank_algorithms(n, m, widths, world, kind=model, mem_cap=cap,
+    rows = rank_algorithms(n, m, widths, world, kind=cost_kind(model, args), mem_cap=cap,
                            machine=machine_from(args), cut_fraction=cut_fraction,
                            structure=structure, settings=args)
+    if model == "gat":  # only the operators that serve its edge-valued operations
+        rows = [r for r in rows if r["algo"] in GAT_ALGOS]
+    return rows
+
+
+def cost_kind(model: str, args) -> str:
+    """The cost model's ``kind`` of ``--model``: GAT with its heads (``--heads``, default
+    :data:`GAT_HEADS`); a user's model (``package.module:factory``) is estimated as GCN, one
+    product a layer at the narrower width."""
+    if model == "gat":
+        heads = getattr(args, "heads", None)
+        return gat_kind(GAT_HEADS if heads is None else heads)
+    return model if model in ("gcn", "sage") else "gcn"
 
 
 def format_table(rows, top: int) -> str:
@@ -173,7 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_PATH})")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process while calibrating (1: one thread per rank)")
-    p.add_argument("--model", choices=("gcn", "sage"), default="gcn", help="layer type")
+    p.add_argument("--model", choices=("gcn", "sage", "gat"), default="gcn",
+                   help="layer type (gat: only the algorithms that run it are ranked)")
+    p.add_argument("--heads", type=int, default=None,
+                   help=f"--model gat: attention heads (default {GAT_HEADS}); --hidden is the "
+                        "width in all")
     p.add_argument("--layers", type=int, default=3, help="GNN layers")
     p.add_argument("--hidden", type=int, default=256, help="hidden width")
     p.add_argument("--cut-fraction", type=float, default=None,
@@ -216,6 +235,12 @@ def run(args) -> int:
         raise InputError("give --dataset SPEC, or --nodes N and --edges M")
     apply_max_memory(args)
     _check_model_flags(args)
+    if args.heads is not None and args.model != "gat":
+        raise InputError(f"--heads sets the attention of --model gat; --model {args.model} has "
+                         "none")
+    if args.model == "gat" and args.hidden % (args.heads or GAT_HEADS):
+        raise InputError(f"--hidden {args.hidden} is a GAT hidden layer's width in all: it must "
+                         f"be a multiple of --heads {args.heads or GAT_HEADS}")
     if args.world < 1:
         raise InputError(f"--world must be >= 1, got {args.world}")
     check_world(args.world)  # before a dataset is loaded

@@ -14,7 +14,10 @@ Two modes, same formulas:
 
 An epoch per layer l with SpMM width f_l: the forward SpMM, and its backward when the SpMM's
 input needs a gradient (not the first layer's when it aggregates the raw features, see
-:func:`spmm_widths`). Evaluation passes (phase ``eval``) are not part of an epoch.
+:func:`spmm_widths`). A GAT layer (``kind`` ``"gat:H"``) has two exchanges, each like a
+product of its width with its backward: the source scores (H wide) and the projected rows
+(:func:`~gnnpar.kernels.cost_terms.layer_exchanges`); only the 1D operators serve them so far.
+Evaluation passes (phase ``eval``) are not part of an epoch.
 
 **The run's own blocks and wire.** :func:`predict` and :func:`rank_algorithms` model what
 ``gnnpar-train`` builds, not a second idea of it: the algorithm's own option rule (its registry
@@ -72,8 +75,9 @@ from gnnpar.datasets import InputError
 from .algorithms import ALGORITHMS, cost_names, get
 from .blocks import layout_owner
 from .comm import WIRE_DTYPES
-from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, no_padding,
-                         owned_rows_work, param_count, spmm_widths)
+from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gat_heads,
+                         gat_z_width, layer_exchanges, no_padding, owned_rows_work,
+                         param_count, spmm_widths)
 
 __all__ = ["Structure", "Machine", "spmm_widths", "param_count", "allreduce_bytes",
            "epoch_traffic", "estimate_traffic", "memory_bytes", "epoch_time", "candidates",
@@ -164,7 +168,7 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
     nbytes = np.zeros(p, np.int64)
     padded = np.zeros(p, np.int64)
     msgs = np.zeros(p, np.int64)
-    for l, (f, back) in enumerate(spmm_widths(kind, widths)):
+    for l, f, back in layer_exchanges(kind, widths):
         fb, fm, bb, bm = counts.spmm(f, l, wire)
         nbytes += fb + (bb if back else 0)
         if pad_bytes is not None:
@@ -193,7 +197,7 @@ def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int]
     and the input and weight gradients) and ``elementwise`` (owned rows × Σ widths)."""
     work = (_cost(algo).work or owned_rows_work)(structure, dims, variant, layers, rotate)
     spmm = np.zeros(structure.p, np.float64)
-    for l, (f, back) in enumerate(spmm_widths(kind, widths)):
+    for l, f, back in layer_exchanges(kind, widths):
         spmm += 2.0 * work(f, l) * (2 if back else 1)
     dense = 6.0 * structure.sizes * _dense_per_row(kind, widths)
     return {"spmm_flops": spmm, "dense_flops": dense,
@@ -201,9 +205,15 @@ def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int]
 
 
 def _dense_per_row(kind: str, widths: Sequence[int]) -> float:
-    """Multiply-adds per row of one forward pass through the layers' weights."""
+    """Multiply-adds per row of one forward pass through the layers' weights (GAT: into its
+    z, :func:`layer_exchanges`)."""
+    heads = gat_heads(kind)
+    pairs = list(zip(widths[:-1], widths[1:]))
+    if heads is not None:
+        return float(sum(fi * gat_z_width(heads, fo, l == len(pairs) - 1)
+                         for l, (fi, fo) in enumerate(pairs)))
     per = 2 if kind == "sage" else 1
-    return float(sum(per * fi * fo for fi, fo in zip(widths[:-1], widths[1:])))
+    return float(sum(per * fi * fo for fi, fo in pairs))
 
 
 # ----------------------------------------------------------------- estimates (no partition)

@@ -49,19 +49,67 @@ F32 = 4
 
 
 # ----------------------------------------------------------------- the model's workload
-def spmm_widths(kind: str, widths: Sequence[int]):
-    """[(f, needs_backward)] per layer: GCN and SAGE aggregate at min(f_in, f_out); the first
-    layer's SpMM has no backward when it reads the raw features (f_in ≤ f_out)."""
+#: attention heads of a GAT ``kind`` written without them (``gnnpar.attention.GAT_HEADS``)
+GAT_DEFAULT_HEADS = 8
+
+
+def gat_kind(heads: int) -> str:
+    """The cost model's ``kind`` of a GAT with ``heads`` heads."""
+    return f"gat:{int(heads)}"
+
+
+def gat_heads(kind: str) -> Optional[int]:
+    """Heads of a GAT ``kind`` (``"gat"`` or ``"gat:H"``), None for any other model."""
+    if kind == "gat":
+        return GAT_DEFAULT_HEADS
+    if kind.startswith("gat:"):
+        return int(kind[4:])
+    return None
+
+
+def layer_exchanges(kind: str, widths: Sequence[int]):
+    """[(layer, f, needs_backward)]: every product-like exchange of one forward pass, ``f``
+    features wide, in order. GCN and SAGE: one a layer, at min(f_in, f_out) (they aggregate
+    at the narrower width); the first layer's has no backward when it reads the raw features
+    (f_in ≤ f_out). GAT (``kernels/edge_dist.py``): two a layer, each with a backward (both
+    depend on the layer's weights): the source scores, ``heads`` wide, and the projected
+    rows z, the layer's width in all (``hidden`` for a hidden layer, heads × f_out for the
+    output layer, which averages its heads)."""
+    heads = gat_heads(kind)
+    pairs = list(zip(widths[:-1], widths[1:]))
+    if heads is None:
+        return [(l, min(fi, fo), l > 0 or fi > fo) for l, (fi, fo) in enumerate(pairs)]
     out = []
-    for l, (fi, fo) in enumerate(zip(widths[:-1], widths[1:])):
-        out.append((min(fi, fo), l > 0 or fi > fo))
+    for l, (_, fo) in enumerate(pairs):
+        out += [(l, heads, True), (l, gat_z_width(heads, fo, l == len(pairs) - 1), True)]
     return out
 
 
+def gat_z_width(heads: int, f_out: int, last: bool) -> int:
+    """A GAT layer's projected width in all: f_out (heads concatenated) or heads × f_out."""
+    return heads * f_out if last else f_out
+
+
+def spmm_widths(kind: str, widths: Sequence[int]):
+    """[(f, needs_backward)] of :func:`layer_exchanges`, without the layer."""
+    return [(f, back) for _, f, back in layer_exchanges(kind, widths)]
+
+
 def param_count(kind: str, widths: Sequence[int]) -> int:
-    """Parameters of :class:`gnnpar.models.GNN` (GCN: W + b; SAGE: W_neigh + b + W_root)."""
-    per = {"gcn": lambda a, b: a * b + b, "sage": lambda a, b: 2 * a * b + b}[kind]
-    return int(sum(per(a, b) for a, b in zip(widths[:-1], widths[1:])))
+    """Parameters of :class:`gnnpar.models.GNN` (GCN: W + b; SAGE: W_neigh + b + W_root;
+    GAT: W, a_src and a_dst, each z wide, and the bias, z wide in a hidden layer and f_out in
+    the output layer). Any other kind (a user's model) is counted as GCN."""
+    heads = gat_heads(kind)
+    pairs = list(zip(widths[:-1], widths[1:]))
+    if heads is not None:
+        total = 0
+        for l, (fi, fo) in enumerate(pairs):
+            last = l == len(pairs) - 1
+            z = gat_z_width(heads, fo, last)
+            total += fi * z + 2 * z + (fo if last else z)
+        return int(total)
+    per = (lambda a, b: 2 * a * b + b) if kind == "sage" else (lambda a, b: a * b + b)
+    return int(sum(per(a, b) for a, b in pairs))
 
 
 def _chunk(numel: int, g: int, i):

@@ -16,6 +16,7 @@ from gnnpar.distributed import EPOCH_PHASES, DistRuntime
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.build import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES
+from gnnpar.kernels.cost_terms import gat_kind
 from gnnpar.kernels.cost_model import (Machine, Structure, candidates, epoch_traffic, predict,
                                        rank_algorithms, run_options, run_structure, wire_bytes)
 from gnnpar.models import GNN
@@ -156,6 +157,52 @@ def test_predicted_bytes_are_the_logged_bytes(world, method):
     for a, d, v, dtype, precision in runs:
         if (dtype, precision) != ("fp32", "fp32"):
             assert maxima[a, d, v, dtype, precision] < maxima[a, d, v, "fp32", "fp32"]
+
+
+# ----------------------------------------------------------------- GAT's exchanges
+GAT_HEADS, GAT_HIDDEN = 2, 8
+GAT_WIDTHS = [WIDTHS[0]] + [GAT_HIDDEN] * (LAYERS - 1) + [WIDTHS[-1]]
+GAT_CASES = [("1d", "bcast"), ("1d-halo", "halo")]
+
+
+def gat_step_bytes(rank, world, method):
+    """Rank body: one GAT training step on each 1D operator; this rank's logical and padded
+    bytes and messages of the step's phases."""
+    g = graph()
+    shard = build_shard(g, partition_graph(g, world, method, seed=SEED), rank, norms=("gcn",))
+    out = []
+    for algo, variant in GAT_CASES:
+        rt = DistRuntime(make_grid(algo, world, None, 1), shard, algo, "gcn", "cpu", None,
+                         **get(algo).options(settings(variant, "fp32")))
+        torch.manual_seed(0)
+        model = GNN("gat", WIDTHS[0], GAT_HIDDEN, WIDTHS[-1], layers=LAYERS, dropout=0.0,
+                    heads=GAT_HEADS)
+        opt = SimpleNamespace(zero_grad=model.zero_grad, step=lambda: None)  # bytes only
+        rt.comm.reset()
+        train_step(model, opt, rt, float(rt.masks["train"].sum()) or 1.0)
+        c = rt.comm
+        out.append([epoch_bytes(c), sum(v for (_, ph), v in c.padded.items()
+                                        if ph in EPOCH_PHASES), epoch_messages(c)])
+    return out
+
+
+@pytest.mark.parametrize("world,method", [(3, "metis"), (4, "random")])
+def test_gat_exchanges_are_predicted_exactly(world, method):
+    """Every rank's bytes, padded bytes and messages of a GAT step on 1d and 1d-halo are the
+    cost model's (two exchanges a layer: the scores, heads wide, and the projected rows)."""
+    got = spawn(gat_step_bytes, world, args=(method,), timeout_s=300)
+    g = graph()
+    s = Structure.from_graph(g, partition_graph(g, world, method, seed=SEED).owner, world)
+    kind = gat_kind(GAT_HEADS)
+    for i, (algo, variant) in enumerate(GAT_CASES):
+        opts = run_options(algo, settings(variant, "fp32"), variant, LAYERS)
+        exact = epoch_traffic(run_structure(s, opts), algo, kind, GAT_WIDTHS, None,
+                              opts.get("variant", variant), opts.get("layers", 0))
+        for j, name in enumerate(("bytes", "padded", "messages")):
+            assert exact[name].tolist() == [r[i][j] for r in got], (algo, name)
+    # the GAT terms are not GCN's: the scores' exchange and the wider projected rows
+    gcn = epoch_traffic(s, "1d-halo", "gcn", GAT_WIDTHS)
+    assert (exact["bytes"] > gcn["bytes"]).all()
 
 
 # ----------------------------------------------------------------- the CLI's plumbing
