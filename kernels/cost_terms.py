@@ -49,27 +49,19 @@ F32 = 4
 
 
 # ----------------------------------------------------------------- the model's workload
-#: attention heads of a GAT ``kind`` written without them (``gnnpar.attention.GAT_HEADS``)
-GAT_DEFAULT_HEADS = 8
-
-
 def gat_kind(heads: int) -> str:
     """The cost model's ``kind`` of a GAT with ``heads`` heads."""
     return f"gat:{int(heads)}"
 
 
 def gat_heads(kind: str) -> Optional[int]:
-    """Heads of a GAT ``kind`` (``"gat"`` or ``"gat:H"``), None for any other model."""
-    if kind == "gat":
-        return GAT_DEFAULT_HEADS
-    if kind.startswith("gat:"):
-        return int(kind[4:])
-    return None
+    """Heads of a GAT ``kind`` (:func:`gat_kind`), None for any other model."""
+    return int(kind[4:]) if kind.startswith("gat:") else None
 
 
 def layer_exchanges(kind: str, widths: Sequence[int]):
     """[(layer, f, needs_backward)]: every product-like exchange of one forward pass, ``f``
-    features wide, in order. GCN and SAGE: one a layer, at min(f_in, f_out) (they aggregate
+    features wide, in order (``kind``: ``"gcn"``, ``"sage"`` or :func:`gat_kind`). GCN and SAGE: one a layer, at min(f_in, f_out) (they aggregate
     at the narrower width); the first layer's has no backward when it reads the raw features
     (f_in ≤ f_out). GAT (``kernels/edge_dist.py``): two a layer, each with a backward (both
     depend on the layer's weights): the source scores, ``heads`` wide, and the projected
