@@ -54,6 +54,14 @@ def union_structure(graph: Graph):
     return indptr, cols.astype(np.int64), ww
 
 
+def sum_values(raw: np.ndarray) -> np.ndarray:
+    """Â of the ``"sum"`` kind: S's raw weights as float32 (no copy when they are float32).
+    The shard writer stores this, and a shard written without it gives it from its
+    ``raw_weight`` (``kernels/dist_op.shard_values``)."""
+    raw = np.asarray(raw)
+    return raw if raw.dtype == np.float32 else raw.astype(np.float32)
+
+
 def values_for(kind: str, indptr: np.ndarray, indices: np.ndarray, raw: np.ndarray) -> np.ndarray:
     """Values of Â of ``kind`` on the union structure (float32, same order as ``indices``)."""
     if kind not in KINDS:
@@ -61,7 +69,7 @@ def values_for(kind: str, indptr: np.ndarray, indices: np.ndarray, raw: np.ndarr
     n = indptr.shape[0] - 1
     rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     if kind == "sum":
-        return raw.astype(np.float32)
+        return sum_values(raw)
     if kind == "mean":
         _refuse_negative(raw, rows, indices, kind, "D^-1 A divides by each weighted degree")
         rowsum = np.bincount(rows, weights=raw, minlength=n)

@@ -40,6 +40,20 @@ GAT_HEADS = 8
 GAT_ALGOS = ("serial", "1d", "1d-halo")
 
 
+def check_heads(model: str, heads, hidden: int) -> None:
+    """``--heads`` only with ``--model gat``, and a GAT's ``--hidden`` (its width in all) a
+    multiple of its heads: gnnpar-train's and gnnpar-plan's flags alike."""
+    if model != "gat":
+        if heads is not None:
+            raise InputError(f"--heads sets the attention of --model gat; --model {model} has "
+                             "none")
+        return
+    heads = GAT_HEADS if heads is None else heads
+    if hidden % heads:
+        raise InputError(f"--hidden {hidden} is a GAT hidden layer's width in all (heads x "
+                         f"width per head): it must be a multiple of --heads {heads}")
+
+
 def edge_operator(op) -> EdgeOperator:
     """``op``'s edge-valued operations, or an InputError saying which runs serve them."""
     edges = getattr(op, "edges", None)

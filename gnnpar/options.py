@@ -18,7 +18,7 @@ from gnnpar.kernels.entry import LAYOUT_FLAGS
 from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
-from .attention import GAT_ALGOS, GAT_HEADS
+from .attention import GAT_ALGOS, check_heads
 from .cli_common import check_bounds
 from .custom_model import check_custom, is_custom
 from .models import LAYERS
@@ -237,11 +237,11 @@ def check_model_name(args) -> None:
 def check_attention_args(args) -> None:
     """``--heads``/``--attn-dropout`` only with ``--model gat``, whose runs are refused where
     its edge-valued operations are not served yet (``gnnpar/attention.py``)."""
+    check_heads(args.model, args.heads, args.hidden)
     if args.model != "gat":
-        for flag, value in (("--heads", args.heads), ("--attn-dropout", args.attn_dropout)):
-            if value is not None:
-                raise InputError(f"{flag} sets the attention of --model gat; --model "
-                                 f"{args.model} has none")
+        if args.attn_dropout is not None:
+            raise InputError(f"--attn-dropout sets the attention of --model gat; --model "
+                             f"{args.model} has none")
         return
     if args.mode == "minibatch" and args.algo != "serial":
         raise InputError("--model gat in mini batch runs data parallel (no --algo) so far: the "
@@ -250,10 +250,6 @@ def check_attention_args(args) -> None:
         raise InputError(f"--model gat runs in full batch with --algo {' or '.join(GAT_ALGOS)} "
                          "and in data-parallel mini batch so far (the other algorithms do not "
                          "serve its edge-valued operations yet)")
-    heads = GAT_HEADS if args.heads is None else args.heads  # >= 1: check_bounds
-    if args.hidden % heads:
-        raise InputError(f"--hidden {args.hidden} is a GAT hidden layer's width in all (heads x "
-                         f"width per head): it must be a multiple of --heads {heads}")
     if args.attn_dropout is not None and not 0.0 <= args.attn_dropout < 1.0:
         raise InputError(f"--attn-dropout must be in [0, 1), got {args.attn_dropout}")
 

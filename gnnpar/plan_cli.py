@@ -37,7 +37,7 @@ from gnnpar.partitioners import partition_graph
 
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
-from .attention import GAT_ALGOS, GAT_HEADS
+from .attention import GAT_ALGOS, GAT_HEADS, check_heads
 from .cli_common import MAX_RANKS, check_bounds, run_cli
 from .precision import PRECISIONS
 
@@ -235,12 +235,7 @@ def run(args) -> int:
         raise InputError("give --dataset SPEC, or --nodes N and --edges M")
     apply_max_memory(args)
     _check_model_flags(args)
-    if args.heads is not None and args.model != "gat":
-        raise InputError(f"--heads sets the attention of --model gat; --model {args.model} has "
-                         "none")
-    if args.model == "gat" and args.hidden % (args.heads or GAT_HEADS):
-        raise InputError(f"--hidden {args.hidden} is a GAT hidden layer's width in all: it must "
-                         f"be a multiple of --heads {args.heads or GAT_HEADS}")
+    check_heads(args.model, args.heads, args.hidden)
     if args.world < 1:
         raise InputError(f"--world must be >= 1, got {args.world}")
     check_world(args.world)  # before a dataset is loaded

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.normalize import sum_values
 
 from .comm import Comm
 from .local import autocast_input
@@ -30,8 +31,7 @@ def shard_values(shard, norm: str) -> np.ndarray:
         return np.asarray(shard.values[norm])
     raw = getattr(shard, "raw_weight", None)
     if norm == "sum" and raw is not None:
-        raw = np.asarray(raw)
-        return raw if raw.dtype == np.float32 else raw.astype(np.float32)
+        return sum_values(raw)
     raise InputError(f"the shards hold normalisations {sorted(shard.values)}, not {norm!r}; "
                      f"repartition with it")
 

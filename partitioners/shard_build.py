@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gnnpar.datasets import Graph, InputError
-from gnnpar.datasets.normalize import KINDS
+from gnnpar.datasets.normalize import KINDS, sum_values
 
 from .csr_rows import pattern_facts
 from .part_pool import map_parts
@@ -329,7 +329,7 @@ class ShardBuilder:
                             self.parts, self.rinv, self.inv, indptr, cols, raw, orig, gcn, mean)
         made = {"gcn": gcn, "mean": mean}
         if "sum" in self.norms:
-            made["sum"] = raw if raw.dtype == np.float32 else raw.astype(np.float32)
+            made["sum"] = sum_values(raw)
         values = {k: made[k] for k in self.norms}
         return {"global_ids": owned.astype(np.int64), "indptr": indptr, "indices": cols,
                 "values": values, "raw_weight": raw, "orig_edge": orig,
