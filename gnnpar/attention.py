@@ -9,11 +9,12 @@ are the operator's: S = A' + I in full batch, so every node attends to itself, a
 paper (the layer asks for Â of the ``"gcn"`` normalisation only for its structure; its
 values are not used).
 
-A layer reaches the edge operations through ``op.edges()``: the serial runtime's operator
-and a sampled block's (``kernels/edge_ops.py``: on a block, softmax over the sampled
-neighbours, no Horvitz–Thompson rescaling) and the 1D operators, all-gather and halo
-exchange (``kernels/edge_dist.py``), serve them; an operator without them is refused with a message
-naming what runs.
+A layer reaches the edge operations through ``op.edges()``, which every operator serves: the
+serial runtime's and a sampled block's (``kernels/edge_ops.py``: on a block, softmax over the
+sampled neighbours, no Horvitz–Thompson rescaling), the 1D operators' (all-gather and halo
+exchange, ``kernels/edge_dist.py``), the block operators' of 1.5d, 2d, 3d and 4d
+(``kernels/edge_block.py``) and a grouped mini batch's (``kernels/bipartite.py``); an
+operator without them (a user's own) is refused with a message that names it.
 
 Shapes: H (num_src, f_in) → (num_dst, heads·f_out) concatenated, (num_dst, f_out) averaged.
 """
@@ -36,10 +37,6 @@ NEGATIVE_SLOPE = 0.2
 #: attention heads of ``--model gat`` when not told (the GAT paper's 8)
 GAT_HEADS = 8
 
-#: the ``--algo`` values whose operators serve the edge-valued operations (``op.edges()``)
-GAT_ALGOS = ("serial", "1d", "1d-halo")
-
-
 def check_heads(model: str, heads, hidden: int) -> None:
     """``--heads`` only with ``--model gat``, and a GAT's ``--hidden`` (its width in all) a
     multiple of its heads: gnnpar-train's and gnnpar-plan's flags alike."""
@@ -55,12 +52,12 @@ def check_heads(model: str, heads, hidden: int) -> None:
 
 
 def edge_operator(op) -> EdgeOperator:
-    """``op``'s edge-valued operations, or an InputError saying which runs serve them."""
+    """``op``'s edge-valued operations, or an InputError naming the operator without them
+    (every gnnpar operator serves them; a user's own operator may not)."""
     edges = getattr(op, "edges", None)
     if edges is None:
-        raise InputError(f"{type(op).__name__} has no edge-valued operations: attention "
-                         f"layers (--model gat) run in full batch with --algo "
-                         f"{' or '.join(GAT_ALGOS)} and in data-parallel mini batch so far")
+        raise InputError(f"{type(op).__name__} has no edge-valued operations (edges(), "
+                         f"kernels/edge_ops.py): attention layers cannot run on it")
     return edges()
 
 
@@ -93,7 +90,7 @@ class GATLayer(nn.Module):
         scores = F.leaky_relu(edges.at_src(src) + edges.at_dst(dst), NEGATIVE_SLOPE)
         alpha = dropout(edge_softmax(edges, scores), *attn)
         out = edges.spmm(z, alpha.to(z.dtype))                 # (num_dst, heads, f_out)
-        out = out.reshape(n_dst, -1) if self.concat else out.mean(dim=1)
+        out = out.reshape(n_dst, self.heads * self.width) if self.concat else out.mean(dim=1)
         return add_bias(out, self.bias)
 
 

@@ -18,7 +18,7 @@ from gnnpar.kernels.entry import LAYOUT_FLAGS
 from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
-from .attention import GAT_ALGOS, check_heads
+from .attention import check_heads
 from .cli_common import check_bounds
 from .custom_model import check_custom, is_custom
 from .models import LAYERS
@@ -80,9 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "distributed runs)")
     m = p.add_argument_group("model")
     m.add_argument("--model", default="gcn", metavar="{gcn,sage,gat,package.module:factory}",
-                   help="layer type (gat: full batch with --algo serial, 1d or 1d-halo, and "
-                        "data-parallel mini batch, so far), "
-                        "or your own model: factory(f_in, hidden, f_out, layers, dropout) "
+                   help="layer type (gat: graph attention, with every --algo, full batch "
+                        "and mini batch), or your own model: factory(f_in, hidden, f_out, layers, dropout) "
                         "returning a torch.nn.Module whose forward(ops, x) reads layer i's "
                         "operator as ops[i] (gnnpar/custom_model.py; default: gcn)")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")
@@ -235,21 +234,14 @@ def check_model_name(args) -> None:
 
 
 def check_attention_args(args) -> None:
-    """``--heads``/``--attn-dropout`` only with ``--model gat``, whose runs are refused where
-    its edge-valued operations are not served yet (``gnnpar/attention.py``)."""
+    """``--heads``/``--attn-dropout`` only with ``--model gat`` (which runs with every
+    ``--algo``, in full batch and mini batch), and in range."""
     check_heads(args.model, args.heads, args.hidden)
     if args.model != "gat":
         if args.attn_dropout is not None:
             raise InputError(f"--attn-dropout sets the attention of --model gat; --model "
                              f"{args.model} has none")
         return
-    if args.mode == "minibatch" and args.algo != "serial":
-        raise InputError("--model gat in mini batch runs data parallel (no --algo) so far: the "
-                         "grouped algorithms' blocks do not serve its edge-valued operations yet")
-    if args.algo not in GAT_ALGOS:
-        raise InputError(f"--model gat runs in full batch with --algo {' or '.join(GAT_ALGOS)} "
-                         "and in data-parallel mini batch so far (the other algorithms do not "
-                         "serve its edge-valued operations yet)")
     if args.attn_dropout is not None and not 0.0 <= args.attn_dropout < 1.0:
         raise InputError(f"--attn-dropout must be in [0, 1), got {args.attn_dropout}")
 

@@ -9,7 +9,10 @@ output rows along another. Two strategies, chosen once when an operator is built
   (:class:`~gnnpar.kernels.halo.HaloPlan`), own rows first, then the touched remote rows.
 
 Each gives what the overlapped product (:mod:`kernels.overlap`) asks of an axis: its ``cut``
-(which positions this rank holds), ``start_gather``, ``start_reduce`` and ``finish_reduce``.
+(which positions this rank holds), ``start_gather``, ``start_reduce`` and ``finish_reduce``;
+and, for the edge-valued operations (:mod:`kernels.edge_block`), the same moves whole and
+blocking between owned rows and the axis's positions (:class:`Positions`), and a reduction
+by maximum.
 """
 from __future__ import annotations
 
@@ -21,7 +24,26 @@ from .comm import Comm
 from .overlap import Cut
 
 
-class DenseAxis:
+class Positions:
+    """Owned rows ↔ an axis's positions, each move blocking (``t`` 2-D, rows first):
+    :meth:`gather` gives every position's row (each from its owner), :meth:`reduce` sums each
+    position's partial rows into their owners' rows — adjoints of each other."""
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        rest = self.start_gather(t).wait().to(t.dtype)
+        return rest if self.cut.offset == 0 else torch.cat([t, rest])
+
+    def reduce(self, full: torch.Tensor) -> torch.Tensor:
+        lo, hi, offset = self.cut
+        if offset == 0:  # every position travels; the own ones as zeros
+            send = full.clone()
+            send[lo:hi] = 0
+        else:
+            send = full[hi:].contiguous()
+        return self.finish_reduce(full[lo:hi].clone(), self.start_reduce(send).wait())
+
+
+class DenseAxis(Positions):
     """Variant ``bcast`` on one axis (module docstring); ``sizes``: every member's rows."""
 
     def __init__(self, comm: Comm, axis, sizes):
@@ -47,8 +69,16 @@ class DenseAxis:
     def finish_reduce(self, y_own, received):
         return y_own.add_(received)
 
+    def reduce_max(self, full: torch.Tensor) -> torch.Tensor:
+        """Each owned row's largest value over the members' partial rows (``full``: every
+        position), by one all-to-all of the bytes of a reduce-scatter, values as they are."""
+        g, me = len(self.sizes), self.comm.grid.ranks_of(self.axis).index(self.comm.grid.rank)
+        got = self.comm.start_all_to_all(full.contiguous(), self.sizes, [self.sizes[me]] * g,
+                                         self.axis, exact=True).wait()
+        return got.view(g, self.sizes[me], *full.shape[1:]).amax(dim=0)
 
-class HaloAxis:
+
+class HaloAxis(Positions):
     """Variant ``halo`` on one axis (module docstring)."""
 
     def __init__(self, comm: Comm, axis, plan, n_own: int):
@@ -70,6 +100,15 @@ class HaloAxis:
 
     def finish_reduce(self, y_own, received):
         return self.plan.add_returned(y_own, received)
+
+    def reduce_max(self, full: torch.Tensor) -> torch.Tensor:
+        """Each owned row's largest value: the halo rows' go back to their owners (the
+        plan's return all-to-all, values as they are) and are folded in by maximum."""
+        plan = self.plan
+        back = self.comm.start_all_to_all(full[self.n_own:].contiguous(), plan.recv_counts,
+                                          plan.send_counts, self.axis, exact=True).wait()
+        index = plan.send_local.view(-1, *([1] * (full.dim() - 1))).expand_as(back)
+        return full[:self.n_own].clone().scatter_reduce_(0, index, back, reduce="amax")
 
 
 class _Stacked:

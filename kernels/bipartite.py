@@ -191,6 +191,37 @@ class BipartiteOperator:
 
     matmul = __call__
 
+    def edges(self) -> "BipartiteEdges":
+        """The inner operator's edge-valued operations seen as the block's (the edges of S
+        are B's: the sampled neighbours), or AttributeError where it has none."""
+        return BipartiteEdges(self.inner.edges(), self.num_dst)
+
+
+class BipartiteEdges:
+    """:class:`~.edge_ops.EdgeOperator` of a sampled block from the operator on S: per-row
+    results cut to the ``num_dst`` owned destination rows, a destination vector padded with
+    zeros to the owned input rows (those past ``num_dst`` have no edges in S)."""
+
+    def __init__(self, inner, num_dst: int):
+        self.inner, self.num_dst = inner, int(num_dst)
+        self.num_src, self.num_edges = inner.num_src, inner.num_edges
+
+    def at_src(self, s: torch.Tensor) -> torch.Tensor:
+        return self.inner.at_src(s)
+
+    def at_dst(self, d: torch.Tensor) -> torch.Tensor:
+        pad = d.new_zeros((self.num_src - d.shape[0],) + tuple(d.shape[1:]))
+        return self.inner.at_dst(torch.cat([d, pad]))
+
+    def row_max(self, e: torch.Tensor) -> torch.Tensor:
+        return self.inner.row_max(e)[:self.num_dst]
+
+    def row_sum(self, e: torch.Tensor) -> torch.Tensor:
+        return self.inner.row_sum(e)[:self.num_dst]
+
+    def spmm(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self.inner.spmm(h, w)[:self.num_dst]
+
 
 def build_bipartite(algo: str, shard: BlockShard, comm: Comm, norm: str, device=None, **kw
                     ) -> BipartiteOperator:

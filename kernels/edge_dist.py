@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .comm import Comm
-from .edge_ops import CsrEdges
+from .edge_ops import CsrEdges, rows_flat
 from .halo import HaloPlan
 from .local import as_tensor
 
@@ -34,14 +34,14 @@ class HaloGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t, plan: HaloPlan, comm: Comm, axis):
         ctx.plan, ctx.comm, ctx.axis, ctx.shape = plan, comm, axis, t.shape
-        flat = t.reshape(t.shape[0], -1).contiguous()
+        flat = rows_flat(t)
         halo = plan.start_gather(comm, flat, axis).wait()
         return torch.cat([flat, halo.to(flat.dtype)]).view(-1, *t.shape[1:])
 
     @staticmethod
     def backward(ctx, grad):
         n = ctx.shape[0]
-        flat = grad.reshape(grad.shape[0], -1)
+        flat = rows_flat(grad)
         with ctx.comm.in_phase("backward"):
             back = ctx.plan.start_return(ctx.comm, flat[n:], ctx.axis).wait()
         own = ctx.plan.add_returned(flat[:n].contiguous(), back.to(flat.dtype))
@@ -54,13 +54,13 @@ class AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t, comm: Comm, axis, sizes: Sequence[int]):
         ctx.comm, ctx.axis, ctx.sizes, ctx.shape = comm, axis, list(sizes), t.shape
-        flat = t.reshape(t.shape[0], -1).contiguous()
+        flat = rows_flat(t)
         parts = comm.start_all_gather(flat, axis, ctx.sizes).wait()
         return torch.cat([p.to(flat.dtype) for p in parts]).view(-1, *t.shape[1:])
 
     @staticmethod
     def backward(ctx, grad):
-        flat = grad.reshape(grad.shape[0], -1).contiguous()
+        flat = rows_flat(grad)
         with ctx.comm.in_phase("backward"):
             own = ctx.comm.start_reduce_scatter(flat, ctx.axis, ctx.sizes).wait()
         return own.to(flat.dtype).view(ctx.shape), None, None, None

@@ -27,6 +27,7 @@ blocks of edges. Neither holds an E × F tensor.
 """
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -64,6 +65,17 @@ def edge_softmax(op: EdgeOperator, e: torch.Tensor) -> torch.Tensor:
     maximum so no exponential overflows; gradient through both the numerator and the sum."""
     p = torch.exp(e - op.at_dst(op.row_max(e)))
     return p / op.at_dst(op.row_sum(p))
+
+
+def rows_flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as (rows, everything else), contiguous: what a row exchange moves (zero rows
+    included, which ``reshape(n, -1)`` refuses)."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:])).contiguous()
+
+
+def no_empty_rows(row_max: torch.Tensor, empty=0.0) -> torch.Tensor:
+    """Row maxima with ``empty`` where a row had no edge (-inf): a finite shift everywhere."""
+    return row_max.masked_fill_(torch.isinf(row_max) & (row_max < 0), empty)
 
 
 # ---------------------------------------------------------------- compiled CPU passes
@@ -157,13 +169,15 @@ class CsrEdges:
     def at_dst(self, d: torch.Tensor) -> torch.Tensor:
         return d.index_select(0, self.rows)
 
-    def row_max(self, e: torch.Tensor) -> torch.Tensor:
+    def row_max(self, e: torch.Tensor, empty=0.0) -> torch.Tensor:
+        """``empty`` for a row without edges (None: -inf, what a distributed operator folds
+        with its other ranks' maxima before it puts 0 there, :func:`no_empty_rows`)."""
         e = e.detach()
         out = torch.full((self.num_dst,) + tuple(e.shape[1:]), float("-inf"), dtype=e.dtype,
                          device=e.device)
         index = self.rows.view(-1, *([1] * (e.dim() - 1))).expand_as(e)
         out.scatter_reduce_(0, index, e, reduce="amax", include_self=True)
-        return out.masked_fill_(torch.isinf(out) & (out < 0), 0.0)
+        return out if empty is None else no_empty_rows(out, empty)
 
     def row_sum(self, e: torch.Tensor) -> torch.Tensor:
         out = e.new_zeros((self.num_dst,) + tuple(e.shape[1:]))

@@ -254,7 +254,7 @@ class Overlapped:
                        index_dtype(cols.shape[0], tuple(shape)[::-1], device))
         self.bwd = _Parts(*t, tuple(shape)[::-1], col_axis.cut,
                           row_cut or Cut(0, int(shape[0]), int(shape[0])), device, views=True)
-        self.nnz = int(cols.shape[0])
+        self.nnz, self.shape = int(cols.shape[0]), tuple(int(d) for d in shape)
 
     def forward(self, h: torch.Tensor, pending=None) -> torch.Tensor:
         """Â·h; ``pending`` (a Pending of the rest's rows) replaces the column axis's gather
@@ -263,6 +263,26 @@ class Overlapped:
 
     def backward(self, grad: torch.Tensor) -> torch.Tensor:
         return self.bwd.product(grad, self.row_axis, self.col_axis)
+
+    def structure(self):
+        """(indptr, columns) of the whole block, int64 tensors, each row's columns ascending:
+        the forward's parts put back at their positions (:class:`Cut`), so an operator needs
+        no copy of its block kept for the few layers (attention) that ask for it."""
+        rows, cols = [], []
+        row_cut = getattr(self.row_axis, "cut", None)
+        col_cut = self.col_axis.cut
+        for (rp, cp), part in self.fwd.blocks.items():
+            crow, col = part.crow_indices().cpu(), part.col_indices().cpu().to(torch.int64)
+            r = torch.repeat_interleave(torch.arange(crow.shape[0] - 1), crow.diff(),
+                                        output_size=col.shape[0])
+            rows.append(r + (0 if row_cut is None else
+                             row_cut.lo if rp == "own" else row_cut.offset))
+            cols.append(col + (col_cut.lo if cp == "held" else col_cut.offset))
+        rows, cols = torch.cat(rows), torch.cat(cols)
+        order = torch.argsort(rows * self.shape[1] + cols)
+        indptr = torch.zeros(self.shape[0] + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(rows, minlength=self.shape[0]), 0, out=indptr[1:])
+        return indptr, cols[order]
 
 
 class Local:

@@ -53,6 +53,7 @@ from .cost_terms import (Cost, LinearCounts, coll, dest_work, distinct, factoris
                          gather_padding, no_padding, partners, per_feature, plan_counts,
                          reduce_padding)
 from .dist_op import DistOperator, shard_values
+from .edge_block import BlockEdges, block_edges
 from .entry import Algorithm, GroupRule, group_of_grid, variant_option
 from .overlap import Overlapped
 
@@ -85,6 +86,11 @@ class BlockOp(DistOperator):
         self.block = Overlapped(*coo_to_csr(r, c, vals, shape), shape, self.inp, self.out,
                                 device)
         self.nnz = self.local_nnz = self.block.nnz
+        self._edges = None
+
+    def edges(self) -> BlockEdges:
+        """The edge-valued operations (:mod:`.edge_block`)."""
+        return block_edges(self)
 
     def forward_rows(self, h):
         """Gather along ``in_axis``, local block product, reduce along ``out_axis`` — the

@@ -53,6 +53,7 @@ from .comm import Comm
 from .cost_terms import F32, Cost, coll, factorisations, gather_padding, reduce_padding
 from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
+from .edge_block import cube_edges
 from .entry import Algorithm, GroupRule, group_of_grid, layers_option
 from .local import transpose_csr
 from .spmm_2d import attach_ownership, ownership
@@ -93,6 +94,9 @@ class Op3D(DistOperator):
                            for a in range(sz[self.X])]
         self.xy_sizes_y = [sum(own.sizes(self.r_ranks[b * self.pz:(b + 1) * self.pz]))
                            for b in range(sz[self.Y])]
+        self._rows = {r: n for r, n in zip(self.r_ranks + self.c_ranks,
+                                           own.sizes(self.r_ranks + self.c_ranks))}
+        self._edges = None
         self.R, self.C = sum(own.sizes(self.r_ranks)), sum(own.sizes(self.c_ranks))
         self.row_bounds = _bounds(self.R, self.pz)
         r0, r1 = self.row_bounds[z], self.row_bounds[z + 1]
@@ -108,6 +112,14 @@ class Op3D(DistOperator):
         self.indptr_sizes = [self.row_bounds[k + 1] - self.row_bounds[k] + 1
                              for k in range(self.pz)]
         self.t_indptr_sizes = [self.C + 1] * self.pz
+
+    def rank_rows(self, ranks):
+        """Owned rows of each of ``ranks`` (members of this rank's X or Y slice)."""
+        return [self._rows[r] for r in ranks]
+
+    def edges(self):
+        """The edge-valued operations (:func:`.edge_block.cube_edges`)."""
+        return cube_edges(self)
 
     def start_pieces(self, piece, indptr_sizes):
         """The all-gathers over Z of a piece's row pointers, indices and values, issued: Â

@@ -89,10 +89,12 @@ def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=N
     return out
 
 
-def gat_equivalence(rank, world, algo, n, directed, method, heads):
-    """GAT (``heads`` heads, 3 layers, dropout 0) on ``algo`` against the serial run:
-    the largest relative errors of the forward, the gradients and a 3-epoch loss curve, and
-    this rank's bytes of one step."""
+def gat_equivalence(rank, world, algo, n, directed, method, heads, dims=None, replication=1,
+                    algo_kw=None):
+    """GAT (``heads`` heads, 3 layers, dropout 0) on ``algo`` (its grid ``dims`` or
+    ``replication``, builder options ``algo_kw``) against the serial run: the largest relative
+    errors of the forward, the gradients and a 3-epoch loss curve, and this rank's bytes of
+    one step."""
     g = random_graph(n=n, f=6, classes=3, seed=12, directed=directed)
     part = partition_graph(g, world, method, seed=4)
     shard = build_shard(g, part, rank, norms=("gcn",))
@@ -106,7 +108,8 @@ def gat_equivalence(rank, world, algo, n, directed, method, heads):
     count = float(rt_s.masks["train"].sum())
     out_s, grads_s = _loss_and_grads(m, rt_s, count)
     curve_s = [r["loss"] for r in fit(model(1), rt_s, TrainConfig(epochs=3, lr=0.05))]
-    rt = DistRuntime(make_grid(algo, world, None, 1), shard, algo, m.norm)
+    rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algo, m.norm,
+                     **(algo_kw or {}))
     ids = torch.as_tensor(rt.global_ids)
     rt.comm.reset()
     out_d, grads_d = _loss_and_grads(m, rt, count)

@@ -191,6 +191,7 @@ CASES_2 = [
     ("2d", "sage", 2, [FULL, "--algo", "2d", "--grid", "1x2"]),
     ("2d-bcast", "gcn", 2, [FULL, "--algo", "2d", "--grid", "2x1", "--variant", "bcast"]),
     ("3d", "gcn", 2, [FULL, "--algo", "3d", "--grid", "1x1x2"]),
+    ("2d-gat", "gat", 2, [FULL, "--algo", "2d", "--grid", "1x2"]),
 ]
 CASES_4 = [
     ("1d-halo", "gcn", 2, [FULL, "--algo", "1d-halo", "--group-size", "2"]),
@@ -198,6 +199,8 @@ CASES_4 = [
     ("sampled", "sage", 2, ["--fanouts", "3,2", "--replace", "--algo", "1d-halo",
                             "--group-size", "2"]),
     ("3d-group4", "gcn", 2, ["--fanouts", "4,3", "--algo", "3d", "--grid", "2x1x2"]),
+    ("4d-gat", "gat", 2, [FULL, "--algo", "4d", "--grid", "2x1x1x2"]),
+    ("sampled-gat", "gat", 2, ["--fanouts", "3,2", "--algo", "1d-halo", "--group-size", "2"]),
 ]
 
 
