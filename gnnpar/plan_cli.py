@@ -38,8 +38,6 @@ from gnnpar.partitioners import partition_graph
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
 from .attention import GAT_HEADS, check_heads
-
-GAT_MODELLED = ("serial", "1d", "1d-halo")
 from .cli_common import MAX_RANKS, check_bounds, run_cli
 from .precision import PRECISIONS
 
@@ -135,8 +133,6 @@ def plan(n: int, m: int, f_in: int, hidden: int, classes: int, layers: int, worl
     rows = rank_algorithms(n, m, widths, world, kind=cost_kind(model, args), mem_cap=cap,
                            machine=machine_from(args), cut_fraction=cut_fraction,
                            structure=structure, settings=args)
-    if model == "gat":  # only the algorithms whose attention exchanges the model counts
-        rows = [r for r in rows if r["algo"] in GAT_MODELLED]
     return rows
 
 

@@ -14,9 +14,9 @@ Two modes, same formulas:
 
 An epoch per layer l with SpMM width f_l: the forward SpMM, and its backward when the SpMM's
 input needs a gradient (not the first layer's when it aggregates the raw features, see
-:func:`spmm_widths`). A GAT layer (``kind`` ``"gat:H"``) has two exchanges, each like a
-product of its width with its backward: the source scores (H wide) and the projected rows
-(:func:`~gnnpar.kernels.cost_terms.layer_exchanges`); only the 1D operators serve them so far.
+:func:`spmm_widths`). A GAT layer (``kind`` ``"gat:H"``) makes no product: its edge-valued
+operations gather and reduce rows over the operator's axes, H and z wide
+(:mod:`~gnnpar.kernels.cost_attention`, each algorithm's ``Cost.moves``).
 Evaluation passes (phase ``eval``) are not part of an epoch.
 
 **The run's own blocks and wire.** :func:`predict` and :func:`rank_algorithms` model what
@@ -75,7 +75,8 @@ from gnnpar.datasets import InputError
 from .algorithms import ALGORITHMS, cost_names, get
 from .blocks import layout_owner
 from .comm import WIRE_DTYPES
-from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gat_heads,
+from .cost_attention import estimated_moves, exact_moves
+from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gat_heads, gat_kind,
                          gat_z_width, layer_exchanges, no_padding, owned_rows_work,
                          param_count, spmm_widths)
 
@@ -159,9 +160,13 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
     ``structure.owner`` is the ownership the blocks are built on (:func:`run_structure` turns
     a partition into the run's)."""
     p = structure.p
-    counts = _cost(algo).exact(structure, dims, variant, layers, rotate)
     # a low-precision reduce-scatter travels as an all-to-all: no padding (comm.py)
     reduce = wire >= F32
+    heads = gat_heads(kind)
+    if heads is not None:
+        return _attention_traffic(structure, algo, heads, widths, dims, variant, layers, rotate,
+                                  wire, reduce)
+    counts = _cost(algo).exact(structure, dims, variant, layers, rotate)
     pad_fwd, pad_bwd = _padding(algo)(structure, dims, variant, reduce=reduce)
     # counts whose padding is not rows × f (3d: feature slices and Â pieces) give it in bytes
     pad_bytes = getattr(counts, "padding_bytes", None)
@@ -180,6 +185,20 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
     P = param_count(kind, widths)
     nbytes += allreduce_bytes(P, p)
     msgs += 2 * coll(p)
+    return {"bytes": nbytes, "padded": nbytes + padded, "messages": msgs}
+
+
+def _attention_traffic(structure, algo, heads, widths, dims, variant, layers, rotate, wire,
+                       reduce) -> Dict[str, np.ndarray]:
+    """:func:`epoch_traffic` of a GAT: each layer's moves (:mod:`.cost_attention`)."""
+    moves = exact_moves(_cost(algo), structure, dims, variant, layers, rotate, reduce)
+    pairs = list(zip(widths[:-1], widths[1:]))
+    nbytes = padded = msgs = np.zeros(structure.p, np.int64)
+    for l, (_, fo) in enumerate(pairs):
+        b, pd, k = moves(l).gat_layer(heads, gat_z_width(heads, fo, l == len(pairs) - 1), wire)
+        nbytes, padded, msgs = nbytes + b, padded + pd, msgs + k
+    nbytes = nbytes + allreduce_bytes(param_count(gat_kind(heads), widths), structure.p)
+    msgs = msgs + 2 * coll(structure.p)
     return {"bytes": nbytes, "padded": nbytes + padded, "messages": msgs}
 
 
@@ -223,14 +242,22 @@ def estimate_traffic(n: int, m: int, p: int, algo: str, kind: str, widths: Seque
     """Average-rank ``bytes``, ``messages`` per epoch and ``recv_rows`` (rows of H a rank holds
     beyond its own, for memory) from n, m and the share of non-zeros with a remote column
     (``wire`` as :func:`epoch_traffic`)."""
-    spmm = _cost(algo).estimate(Sizes.of(n, m, p, cut_fraction), dims, variant)
+    sizes = Sizes.of(n, m, p, cut_fraction)
+    spmm = _cost(algo).estimate(sizes, dims, variant)
     nbytes = msgs = 0.0
     recv_rows = 0.0
     for f, back in spmm_widths(kind, widths):
         b, k, rows = spmm(f, back, wire)
+        recv_rows = max(recv_rows, rows)
         nbytes += b
         msgs += k
-        recv_rows = max(recv_rows, rows)
+    heads = gat_heads(kind)
+    if heads is not None:  # the attention layers' own moves, not products'
+        mv = estimated_moves(_cost(algo), sizes, dims, variant)
+        pairs = list(zip(widths[:-1], widths[1:]))
+        layer = [mv.gat_layer(heads, gat_z_width(heads, fo, l == len(pairs) - 1), wire)
+                 for l, (_, fo) in enumerate(pairs)]
+        nbytes, msgs = float(sum(x[0] for x in layer)), float(sum(x[2] for x in layer))
     nbytes += float(allreduce_bytes(param_count(kind, widths), p).mean())
     msgs += 2 * coll(p)
     return {"bytes": nbytes, "messages": msgs, "recv_rows": recv_rows}

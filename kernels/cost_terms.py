@@ -27,6 +27,11 @@ the terms of :mod:`gnnpar.kernels.cost_model`:
   multiplies); absent = the cost model's table for the built-in kernels, else the owned rows'
   non-zeros × f.
 
+- ``moves(structure, dims, variant, layers, rotate, reduce)`` (optional): a function
+  ``layer -> Moves``, the rows of each move of the edge-valued operations
+  (:mod:`gnnpar.kernels.cost_attention`); ``moves_estimate(sizes, dims, variant)`` (optional):
+  the average rank's; absent = a 1D operator's, from ``exact``/``padding`` and ``estimate``.
+
 ``dims`` is the algorithm's grid in the cost model's convention: None (1D), c (1.5d),
 (pr, pc) (2d), (px, py, pz) (3d/4d).
 
@@ -60,13 +65,15 @@ def gat_heads(kind: str) -> Optional[int]:
 
 
 def layer_exchanges(kind: str, widths: Sequence[int]):
-    """[(layer, f, needs_backward)]: every product-like exchange of one forward pass, ``f``
-    features wide, in order (``kind``: ``"gcn"``, ``"sage"`` or :func:`gat_kind`). GCN and SAGE: one a layer, at min(f_in, f_out) (they aggregate
-    at the narrower width); the first layer's has no backward when it reads the raw features
-    (f_in ≤ f_out). GAT (``kernels/edge_dist.py``): two a layer, each with a backward (both
-    depend on the layer's weights): the source scores, ``heads`` wide, and the projected
-    rows z, the layer's width in all (``hidden`` for a hidden layer, heads × f_out for the
-    output layer, which averages its heads)."""
+    """[(layer, f, needs_backward)]: every product-like pass over Â's non-zeros of one
+    forward pass, ``f`` features wide, in order (``kind``: ``"gcn"``, ``"sage"`` or
+    :func:`gat_kind`): the products' traffic, and every model's sparse work. GCN and SAGE: one
+    a layer, at min(f_in, f_out) (they aggregate at the narrower width); the first layer's
+    has no backward when it reads the raw features (f_in ≤ f_out). GAT: two a layer, each
+    with a backward (both depend on the layer's weights): the source scores, ``heads`` wide,
+    and the weighted product of the projected rows z, the layer's width in all (``hidden``
+    for a hidden layer, heads × f_out for the output layer, which averages its heads); its
+    traffic is not a product's (:mod:`gnnpar.kernels.cost_attention`)."""
     heads = gat_heads(kind)
     pairs = list(zip(widths[:-1], widths[1:]))
     if heads is None:
@@ -267,6 +274,8 @@ class Cost:
     candidates: Optional[Callable] = None
     padding: Optional[Callable] = None
     work: Optional[Callable] = None
+    moves: Optional[Callable] = None
+    moves_estimate: Optional[Callable] = None
 
 
 # ----------------------------------------------------------------- padding and work rules

@@ -49,11 +49,12 @@ from __future__ import annotations
 from gnnpar.datasets import InputError
 
 from .comm import Comm
+from .cost_attention import per_layer
 from .cost_terms import Cost, LinearCounts, dest_work
 from .dist_op import shard_values
 from .entry import Algorithm, GroupRule, group_of_size, variant_option
 from .spmm_2d import (VARIANTS, BlockOp, attach_ownership, block_of, build_block_op, estimate_2d,
-                      exact_2d, ownership, padding_2d)
+                      estimate_moves_2d, exact_2d, moves_2d, ownership, padding_2d)
 
 
 def build_15d(shard, comm: Comm, norm: str, device=None, variant: str = "halo",
@@ -91,6 +92,15 @@ def estimate_15d(s, dims, variant):
     return estimate_2d(s, (s.p // c, c), variant)
 
 
+def moves_15d(s, c, variant, reduce: bool = True):
+    """The block operator's moves on the (p/c) × c grid (``replica`` its out axis)."""
+    return moves_2d(s, (s.p // int(c), int(c)), variant, reduce)
+
+
+def estimate_moves_15d(s, c, variant):
+    return estimate_moves_2d(s, (s.p // int(c), int(c)), variant)
+
+
 def candidates_15d(p: int):
     return [(c, v) for c in range(2, p + 1) if p % c == 0 for v in VARIANTS]
 
@@ -104,4 +114,5 @@ SPMM_15D = Algorithm(
     name="1.5d", axes=("row", "replica"), shape=row_replica, builder=build_15d,
     flags=("replication", "variant"), option_rule=variant_option, group=GroupRule(group_of_size),
     cost=Cost(exact_15d, estimate_15d, candidates=candidates_15d, padding=padding_15d,
-              work=dest_work(lambda s, c: block_of(s, (s.p // int(c), int(c))))))
+              work=dest_work(lambda s, c: block_of(s, (s.p // int(c), int(c)))),
+              moves=per_layer(moves_15d), moves_estimate=estimate_moves_15d))

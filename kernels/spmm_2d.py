@@ -49,6 +49,7 @@ from .axes import DenseAxis, HaloAxis
 from .blocks import (Ownership, coo_to_csr, coords_of, exchange, layout_options, rank_of,
                      shard_entries, take_owned_rows, world_axes)
 from .comm import Comm
+from .cost_attention import Moves, others_with_rows, per_layer, product_rows
 from .cost_terms import (Cost, LinearCounts, coll, dest_work, distinct, factorisations,
                          gather_padding, no_padding, partners, per_feature, plan_counts,
                          reduce_padding)
@@ -161,32 +162,57 @@ def row_col(world: int, dims=None, replication: int = 1) -> dict:
     return {"row": dims[0], "col": dims[1]}
 
 
-def exact_2d(s, dims, variant, layers, rotate) -> LinearCounts:
+def moves_2d(s, dims, variant, reduce: bool = True) -> Moves:
+    """Exact per-rank moves (:mod:`.cost_attention`) of the block operator on the (pr, pc)
+    grid: ``row`` is its in axis, ``col`` its out axis. ``bcast``: all-gathers and
+    reduce-scatters (padded; the reduce-scatters only when ``reduce``, see
+    :mod:`.cost_terms`), the maximum by all-to-all; ``halo``: the two plans' all-to-alls."""
     (pr, pc), n_r = dims, s.sizes
     q = np.arange(s.p)
     i, j = q // pc, q % pc
-    ou, ov = s.owner[s.rows], s.owner[s.cols]
     if variant == "bcast":
         R = np.bincount(i, weights=n_r, minlength=pr).astype(np.int64)[i]
         C = np.bincount(j, weights=n_r, minlength=pc).astype(np.int64)[j]
-        return LinearCounts(((pr - 1) * n_r + R - n_r, (pc - 1) * n_r + C - n_r),
-                            (np.full(s.p, coll(pr) + coll(pc)),) * 2)
-    dest = (ou // pc) * pc + ov % pc
-    ir, is_, irm, ism = plan_counts(s.p, dest, s.cols, ov)
-    orr, os_, orm, osm = plan_counts(s.p, dest, s.rows, ou)
-    return LinearCounts((is_ + orr, os_ + ir), (ism + orm, osm + irm))
+        k = 1 if reduce else 0
+        return Moves.of(g_in=((pr - 1) * n_r, np.full(s.p, coll(pr)), gather_padding(n_r, j)),
+                        r_out=(R - n_r, np.full(s.p, coll(pc)), k * reduce_padding(n_r, i)),
+                        g_out=((pc - 1) * n_r, np.full(s.p, coll(pc)), gather_padding(n_r, i)),
+                        r_in=(C - n_r, np.full(s.p, coll(pr)), k * reduce_padding(n_r, j)),
+                        m_out=(R - n_r, others_with_rows(n_r, i)))
+    dest = block_of(s, dims)
+    ir, is_, irm, ism = plan_counts(s.p, dest, s.cols, s.owner[s.cols])
+    orr, os_, orm, osm = plan_counts(s.p, dest, s.rows, s.owner[s.rows])
+    return Moves.of(g_in=(is_, ism), r_in=(ir, irm), g_out=(os_, osm), r_out=(orr, orm),
+                    m_out=(orr, orm))
 
 
-def estimate_2d(s, dims, variant):
+def exact_2d(s, dims, variant, layers, rotate) -> LinearCounts:
+    """The product's counts: forward ``g_in + r_out``, backward ``g_out + r_in``."""
+    mv = moves_2d(s, dims, variant)
+    return LinearCounts(*product_rows(mv))
+
+
+def estimate_moves_2d(s, dims, variant) -> Moves:
+    """The average rank's moves (:func:`moves_2d`) from n, m and the cut."""
     (pr, pc), n, nr, mr = dims, s.n, s.nr, s.mr
     R, C = n / pr, n / pc
     if variant == "bcast":
-        return per_feature((pr - 1) * nr + R - nr, (pc - 1) * nr + C - nr, coll(pr) + coll(pc),
-                           coll(pr) + coll(pc), R + C)
+        return Moves.of(g_in=((pr - 1) * nr, coll(pr)), r_out=(R - nr, coll(pc)),
+                        g_out=((pc - 1) * nr, coll(pc)), r_in=(C - nr, coll(pr)),
+                        m_out=(R - nr, coll(pc)))
     hin = distinct(mr * s.scale * (1 - 1 / pr), C - nr)
     hout = distinct(mr * s.scale * (1 - 1 / pc), R - nr)
-    k = partners(mr * s.scale * (1 - 1 / pr), pr) + partners(mr * s.scale * (1 - 1 / pc), pc)
-    return per_feature(hin + hout, hin + hout, k, k, hin + hout)
+    kin = partners(mr * s.scale * (1 - 1 / pr), pr)
+    kout = partners(mr * s.scale * (1 - 1 / pc), pc)
+    return Moves.of(g_in=(hin, kin), r_in=(hin, kin), g_out=(hout, kout), r_out=(hout, kout),
+                    m_out=(hout, kout))
+
+
+def estimate_2d(s, dims, variant):
+    (pr, pc), n = dims, s.n
+    (fwd, bwd), (fm, bm) = product_rows(estimate_moves_2d(s, dims, variant))
+    recv = n / pr + n / pc if variant == "bcast" else fwd
+    return per_feature(fwd, bwd, fm, bm, recv)
 
 
 def options_2d(settings, per_group: bool) -> dict:
@@ -199,18 +225,12 @@ def candidates_2d(p: int):
 
 
 def padding_2d(s, dims, variant, reduce: bool = True):
-    """Rows padded per rank (forward, backward). ``bcast``: gather over ``row`` (the ranks of
-    column j) and reduce-scatter over ``col`` (those of row i) forward, the reverse backward
-    (the reduce-scatters' only when ``reduce``, see :mod:`gnnpar.kernels.cost_terms`); ``halo``
-    moves by all-to-all (no padding)."""
+    """Rows padded per rank (forward, backward): :func:`moves_2d`'s, ``bcast`` only (``halo``
+    moves by all-to-all, which pads nothing)."""
     if variant != "bcast":
         return no_padding(s, dims, variant)
-    pr, pc = dims
-    q = np.arange(s.p)
-    i, j = q // pc, q % pc
-    k = 1 if reduce else 0
-    return (gather_padding(s.sizes, j) + k * reduce_padding(s.sizes, i),
-            gather_padding(s.sizes, i) + k * reduce_padding(s.sizes, j))
+    mv = moves_2d(s, dims, variant, reduce)
+    return mv.pad["g_in"] + mv.pad["r_out"], mv.pad["g_out"] + mv.pad["r_in"]
 
 
 def block_of(s, dims):
@@ -224,4 +244,5 @@ SPMM_2D = Algorithm(
     flags=("grid", "variant", "block_layout"),
     option_rule=options_2d, group=GroupRule(group_of_grid),
     cost=Cost(exact_2d, estimate_2d, candidates=candidates_2d, padding=padding_2d,
-              work=dest_work(block_of)))
+              work=dest_work(block_of), moves=per_layer(moves_2d),
+              moves_estimate=estimate_moves_2d))

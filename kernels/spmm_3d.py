@@ -50,7 +50,9 @@ from gnnpar.datasets import InputError
 from .blocks import (coo_to_csr, coords_of, exchange, layout_options, rank_of, shard_entries,
                      world_axes)
 from .comm import Comm
-from .cost_terms import F32, Cost, coll, factorisations, gather_padding, reduce_padding
+from .cost_attention import Moves
+from .cost_terms import (F32, Cost, coll, distinct, factorisations, gather_padding, partners,
+                         plan_counts, reduce_padding)
 from .cpu_spmm import csr_mm
 from .dist_op import DistOperator, shard_values
 from .edge_block import cube_edges
@@ -236,6 +238,67 @@ def cube(world: int, dims=None, replication: int = 1) -> dict:
 CUBE_PAIRS = tuple(tuple(a for a in AXES3 if a != b) for b in AXES3)
 
 
+def piece_dest(s, dims, k: int) -> np.ndarray:
+    """The rank whose piece holds each non-zero in orientation ``k`` (:func:`build_3d_ops`):
+    X of its row's owner, Y of its column's, and Z the piece of R_x its row falls in (rows of
+    R_x ordered by the ranks (x, ·, ·) y-major, z-minor)."""
+    X, Y, Z = orientation(k)
+    axis_size = dict(zip(AXES3, dims))
+    px, pz = axis_size[X], axis_size[Z]
+    q = np.arange(s.p)
+    coords = dict(zip(AXES3, np.unravel_index(q, dims)))
+    x, y, z = coords[X], coords[Y], coords[Z]
+    n_r = s.sizes
+    R = np.bincount(x, weights=n_r, minlength=px).astype(np.int64)
+    ou, ov = s.owner[s.rows], s.owner[s.cols]
+    start = np.zeros(s.p, np.int64)
+    for xv in range(px):
+        members = q[x == xv][np.argsort(y[x == xv] * pz + z[x == xv], kind="stable")]
+        start[members] = np.concatenate([[0], np.cumsum(n_r[members])])[:-1]
+    by_owner = np.argsort(s.owner, kind="stable")
+    local = np.empty(s.owner.shape[0], np.int64)
+    first = np.concatenate([[0], np.cumsum(n_r)])[:-1]
+    local[by_owner] = np.arange(by_owner.shape[0]) - first[s.owner[by_owner]]
+    pos = start[ou] + local[s.rows]
+    bounds = (R[x[ou]][:, None] * np.arange(pz + 1)[None, :]) // pz
+    piece = (bounds[:, 1:] <= pos[:, None]).sum(1)
+    return np.ravel_multi_index(tuple({X: x[ou], Y: y[ov], Z: piece}[a] for a in AXES3), dims)
+
+
+def moves_3d(s, dims, variant, layers, rotate, reduce: bool = True):
+    """``layer -> Moves`` (:mod:`.cost_attention`) of the pieces' edge-valued operations
+    (:func:`.edge_block.cube_edges`): halo plans of the rows each piece touches, over the
+    (Y, Z) group (out) and the (X, Z) group (in) of the layer's orientation."""
+    count = min(layers, 3) if (layers and rotate) else 1
+    dims = tuple(dims)[-3:]
+    memo = {}
+
+    def layer_moves(layer: int) -> Moves:
+        k = layer % count
+        if k not in memo:
+            dest = piece_dest(s, dims, k)
+            ir, is_, irm, ism = plan_counts(s.p, dest, s.cols, s.owner[s.cols])
+            orr, os_, orm, osm = plan_counts(s.p, dest, s.rows, s.owner[s.rows])
+            memo[k] = Moves.of(g_in=(is_, ism), r_in=(ir, irm), g_out=(os_, osm),
+                               r_out=(orr, orm), m_out=(orr, orm))
+        return memo[k]
+    return layer_moves
+
+
+def estimate_moves_3d(s, dims, variant) -> Moves:
+    """The average rank's :func:`moves_3d`: a piece holds about m/p non-zeros of
+    Â[R_x, C_y]; its rows come from n/(px·pz) rows of the (Y, Z) group's, its columns from
+    the n/py of the (X, Z) group's, less the rank's own."""
+    px, py, pz = tuple(dims)[-3:]
+    n, nr, e = s.n, s.nr, s.mr * s.scale
+    hin = distinct(e * (1 - 1 / (px * pz)), n / py - nr)
+    hout = distinct(e * (1 - 1 / (py * pz)), n / (px * pz) - nr)
+    kin, kout = partners(e * (1 - 1 / (px * pz)), px * pz), partners(e * (1 - 1 / (py * pz)),
+                                                                     py * pz)
+    return Moves.of(g_in=(hin, kin), r_in=(hin, kin), g_out=(hout, kout), r_out=(hout, kout),
+                    m_out=(hout, kout))
+
+
 class CubeCounts:
     """Exact per-rank counts of the 3d kernel on a (px, py, pz) grid: per orientation used,
     the sizes its collectives move (feature slices make bytes non-linear in f), and the bytes
@@ -255,22 +318,7 @@ class CubeCounts:
             Nxy = np.bincount(x * py + y, weights=self.n_r, minlength=px * py).astype(np.int64)
             R = np.bincount(x, weights=self.n_r, minlength=px).astype(np.int64)
             C = np.bincount(y, weights=self.n_r, minlength=py).astype(np.int64)
-            # piece of each non-zero: position of its row in R_x (y-major, z-minor ranks)
-            ou, ov = s.owner[s.rows], s.owner[s.cols]
-            start = np.zeros(s.p, np.int64)
-            for xv in range(px):
-                members = q[x == xv][np.argsort(y[x == xv] * pz + z[x == xv], kind="stable")]
-                start[members] = np.concatenate([[0], np.cumsum(self.n_r[members])])[:-1]
-            by_owner = np.argsort(s.owner, kind="stable")
-            local = np.empty(s.owner.shape[0], np.int64)
-            first = np.concatenate([[0], np.cumsum(self.n_r)])[:-1]
-            local[by_owner] = np.arange(by_owner.shape[0]) - first[s.owner[by_owner]]
-            pos = start[ou] + local[s.rows]
-            bounds = (R[x[ou]][:, None] * np.arange(pz + 1)[None, :]) // pz
-            piece = (bounds[:, 1:] <= pos[:, None]).sum(1)
-            dest = np.ravel_multi_index(
-                tuple({X: x[ou], Y: y[ov], Z: piece}[a] for a in AXES3), dims)
-            nnz = np.bincount(dest, minlength=s.p)
+            nnz = np.bincount(piece_dest(s, dims, k), minlength=s.p)
             rows_z = (R[x] * (z + 1)) // pz - (R[x] * z) // pz
             self.orients.append(dict(pz=pz, px=px, py=py, z=z, Nxy=Nxy[x * py + y], R=R[x],
                                      C=C[y], nnz=nnz, rows_z=rows_z,
@@ -377,4 +425,5 @@ SPMM_3D = Algorithm(
     name="3d", axes=AXES3, shape=cube, builder=build_3d_ops,
     flags=("grid", "block_layout"),
     option_rule=options_3d, extra_combos=CUBE_PAIRS, group=GroupRule(group_of_grid),
-    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, candidates_3d, work=cube_work))
+    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, candidates_3d, work=cube_work,
+              moves=moves_3d, moves_estimate=estimate_moves_3d))

@@ -24,8 +24,8 @@ from gnnpar.datasets import InputError
 from .comm import Comm
 from .cost_terms import Cost
 from .entry import Algorithm, GroupRule
-from .spmm_3d import (AXES3, CUBE_PAIRS, build_3d_ops, cube, cube_work, estimate_3d, exact_3d,
-                      matrix_bytes_3d, options_3d)
+from .spmm_3d import (AXES3, CUBE_PAIRS, build_3d_ops, cube, cube_work, estimate_3d,
+                      estimate_moves_3d, exact_3d, matrix_bytes_3d, moves_3d, options_3d)
 
 
 def build_4d_ops(shard, comm: Comm, norm: str, device=None, full_batch: bool = True, **kw):
@@ -65,4 +65,5 @@ SPMM_4D = Algorithm(
     flags=("grid", "block_layout"),
     option_rule=options_3d, extra_combos=CUBE_PAIRS,
     group=GroupRule(group_of_cubes, {"full_batch": False}),
-    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, work=cube_work))
+    cost=Cost(exact_3d, estimate_3d, matrix_bytes_3d, work=cube_work, moves=moves_3d,
+              moves_estimate=estimate_moves_3d))

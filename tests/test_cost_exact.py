@@ -59,8 +59,9 @@ def grid_args(algo, dims):
     return (None, int(dims)) if algo == "1.5d" else (dims, 1)
 
 
-def step_bytes(rank, world, method, runs):
-    """Rank body: each run ``(algo, dims, variant, dtype, precision)`` built as
+def step_bytes(rank, world, method, runs, kind="gcn"):
+    """Rank body: each run ``(algo, dims, variant, dtype, precision)`` of a ``kind`` model
+    (``"gat"``: :data:`GAT_HEADS` heads) built as
     :func:`gnnpar.rank._fullbatch` builds it (its entry's options from the run settings, the
     wire dtype), one training step (:func:`gnnpar.trainer.train_step`), and this rank's bytes
     of the step's phases with the run's logged ``comm_bytes_max_rank``. Runs that differ only
@@ -78,7 +79,8 @@ def step_bytes(rank, world, method, runs):
         rt = built[algo, dims, variant]
         rt.comm.wire_dtype = WIRE_DTYPES[dtype]
         torch.manual_seed(0)
-        model = GNN("gcn", WIDTHS[0], HIDDEN, WIDTHS[-1], layers=LAYERS, dropout=0.0)
+        model = GNN(kind, WIDTHS[0], HIDDEN, WIDTHS[-1], layers=LAYERS, dropout=0.0,
+                    **({"heads": GAT_HEADS} if kind == "gat" else {}))
         opt = SimpleNamespace(zero_grad=model.zero_grad, step=lambda: None)  # bytes only
         rt.comm.reset()
         train_step(model, opt, rt, float(rt.masks["train"].sum()) or 1.0, precision)
@@ -160,49 +162,46 @@ def test_predicted_bytes_are_the_logged_bytes(world, method):
 
 
 # ----------------------------------------------------------------- GAT's exchanges
-GAT_HEADS, GAT_HIDDEN = 2, 8
-GAT_WIDTHS = [WIDTHS[0]] + [GAT_HIDDEN] * (LAYERS - 1) + [WIDTHS[-1]]
-GAT_CASES = [("1d", "bcast"), ("1d-halo", "halo")]
+GAT_HEADS = 2
+GAT_WORLDS = [(4, "random"), (6, "metis"), (6, "random")]
 
 
-def gat_step_bytes(rank, world, method):
-    """Rank body: one GAT training step on each 1D operator; this rank's logical and padded
-    bytes and messages of the step's phases."""
-    g = graph()
-    shard = build_shard(g, partition_graph(g, world, method, seed=SEED), rank, norms=("gcn",))
-    out = []
-    for algo, variant in GAT_CASES:
-        rt = DistRuntime(make_grid(algo, world, None, 1), shard, algo, "gcn", "cpu", None,
-                         **get(algo).options(settings(variant, "fp32")))
-        torch.manual_seed(0)
-        model = GNN("gat", WIDTHS[0], GAT_HIDDEN, WIDTHS[-1], layers=LAYERS, dropout=0.0,
-                    heads=GAT_HEADS)
-        opt = SimpleNamespace(zero_grad=model.zero_grad, step=lambda: None)  # bytes only
-        rt.comm.reset()
-        train_step(model, opt, rt, float(rt.masks["train"].sum()) or 1.0)
-        c = rt.comm
-        out.append([epoch_bytes(c), sum(v for (_, ph), v in c.padded.items()
-                                        if ph in EPOCH_PHASES), epoch_messages(c)])
-    return out
-
-
-@pytest.mark.parametrize("world,method", [(3, "metis"), (4, "random")])
+@pytest.mark.parametrize("world,method", GAT_WORLDS, ids=[f"{m}-p{w}" for w, m in GAT_WORLDS])
 def test_gat_exchanges_are_predicted_exactly(world, method):
-    """Every rank's bytes, padded bytes and messages of a GAT step on 1d and 1d-halo are the
-    cost model's (two exchanges a layer: the scores, heads wide, and the projected rows)."""
-    got = spawn(gat_step_bytes, world, args=(method,), timeout_s=300)
+    """Every rank's bytes, padded bytes and messages of a GAT step on every algorithm and grid
+    the plan ranks (and 4d) are the cost model's moves (kernels/cost_attention.py), in fp32
+    and, for a few, on a bf16 wire (the row maxima still travel in fp32); the plan ranks
+    every candidate for --model gat."""
+    some = [next(c for c in cases(world) if c[0] == a and c[2] == v)
+            for a, v in (("1d", "bcast"), ("2d", "bcast"), ("1.5d", "halo"), ("3d", "-"))]
+    runs = ([tuple(c) + ("fp32", "fp32") for c in cases(world)]
+            + [tuple(c) + ("bf16", "fp32") for c in some])
+    got = spawn(step_bytes, world, args=(method, runs, "gat"), timeout_s=600)
     g = graph()
     s = Structure.from_graph(g, partition_graph(g, world, method, seed=SEED).owner, world)
     kind = gat_kind(GAT_HEADS)
-    for i, (algo, variant) in enumerate(GAT_CASES):
-        opts = run_options(algo, settings(variant, "fp32"), variant, LAYERS)
-        exact = epoch_traffic(run_structure(s, opts), algo, kind, GAT_WIDTHS, None,
-                              opts.get("variant", variant), opts.get("layers", 0))
+    for i, (algo, dims, variant, dtype, precision) in enumerate(runs):
+        spec = settings(variant, dtype, precision)
+        opts = run_options(algo, spec, variant, LAYERS)
+        exact = epoch_traffic(run_structure(s, opts), algo, kind, WIDTHS, dims,
+                              opts.get("variant", variant), opts.get("layers", 0),
+                              wire=wire_bytes(spec))
+        per_rank = [r[i][0] for r in got]
         for j, name in enumerate(("bytes", "padded", "messages")):
-            assert exact[name].tolist() == [r[i][j] for r in got], (algo, name)
-    # the GAT terms are not GCN's: the scores' exchange and the wider projected rows
-    gcn = epoch_traffic(s, "1d-halo", "gcn", GAT_WIDTHS)
-    assert (exact["bytes"] > gcn["bytes"]).all()
+            assert exact[name].tolist() == [r[j] for r in per_rank], (runs[i], name)
+        if algo in ("2d", "3d") and dtype == "fp32":  # the moves are not a product's
+            gcn = epoch_traffic(run_structure(s, opts), algo, "gcn", WIDTHS, dims,
+                                opts.get("variant", variant), opts.get("layers", 0))
+            assert exact["bytes"].sum() != gcn["bytes"].sum(), runs[i]
+    n, m = g.num_nodes, int(s.rows.shape[0])
+    plan = rank_algorithms(n, m, WIDTHS, world, kind=kind, structure=s,
+                           settings=settings(None, "fp32"))
+    assert len(plan) == len(list(candidates(world)))
+    if method == "random":  # the estimate (no partition) is near the mean rank's bytes
+        exact = {(r["algo"], r["grid"], r["variant"]): r["bytes_mean"] for r in plan}
+        for r in rank_algorithms(n, m, WIDTHS, world, kind=kind):
+            ratio = r["bytes"] / exact[r["algo"], r["grid"], r["variant"]]
+            assert 2 / 3 < ratio < 1.5, (r["algo"], r["grid"], r["variant"], ratio)
 
 
 # ----------------------------------------------------------------- the CLI's plumbing
