@@ -146,13 +146,9 @@ def test_train_cli_runs_gat_and_refuses_what_it_cannot_run(tmp_path):
 
 def test_readme_attention_example_runs_and_is_softmax_attention():
     """The README's custom attention layer, run as printed, against dense softmax attention."""
-    import os
-    import re
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
-                 if "class DotAttention" in b)
+    from .dist_cases import readme_block
     space = {"torch": torch}
-    exec(block, space)
+    exec(readme_block("class DotAttention"), space)
     torch.manual_seed(0)
     layer = space["DotAttention"](5, 3)
     mask = random_mask(15, 15, 0.25, seed=9)
@@ -203,6 +199,26 @@ def test_block_algorithms_equal_serial(algo, world, dims, replication, kw, heads
                                                replication, kw), timeout_s=240)
     for rank, out in enumerate(outs):
         for what in ("forward", "grads", "loss"):
+            assert out[what] <= 1e-5, f"rank {rank} {what}: relative error {out[what]:.3g}"
+    assert sum(out["bytes"] for out in outs) > 0
+
+
+@pytest.mark.parametrize("algo,world,dims,replication,kw", [
+    ("1d-halo", 2, None, 1, {}), ("2d", 3, (3, 1), 1, {"variant": "bcast"}),
+    ("1.5d", 4, None, 2, {"variant": "halo"}), ("3d", 4, (1, 2, 2), 1, {"layers": 3})])
+def test_readme_attention_layer_equals_serial_on_every_kind_of_operator(algo, world, dims,
+                                                                        replication, kw):
+    """The README's custom attention layer (written against the contract only, no algorithm
+    named) trains to the serial run's outputs, gradients and loss curve on a 1D, a block and
+    a 3D operator."""
+    from gnnpar.spawn import spawn
+    from .dist_cases import gat_equivalence
+    outs = spawn(gat_equivalence, world, args=(algo, 41, world == 3, "random", 2, dims,
+                                               replication, kw, "readme"), timeout_s=240)
+    for rank, out in enumerate(outs):
+        # the key bias's gradient is zero (a softmax does not see a row's constant shift), so
+        # each tensor's error is measured against the model's largest gradient
+        for what in ("forward", "grads_of_model", "loss"):
             assert out[what] <= 1e-5, f"rank {rank} {what}: relative error {out[what]:.3g}"
     assert sum(out["bytes"] for out in outs) > 0
 
