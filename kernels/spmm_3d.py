@@ -286,9 +286,9 @@ def moves_3d(s, dims, variant, layers, rotate, reduce: bool = True):
 
 
 def estimate_moves_3d(s, dims, variant) -> Moves:
-    """The average rank's :func:`moves_3d`: a piece holds about m/p non-zeros of
-    Â[R_x, C_y]; its rows come from n/(px·pz) rows of the (Y, Z) group's, its columns from
-    the n/py of the (X, Z) group's, less the rank's own."""
+    """The average rank's :func:`moves_3d` in the first orientation (``dims`` as X, Y, Z): a
+    piece holds about m/p non-zeros of Â[R_x, C_y]; its rows come from n/(px·pz) rows of the
+    (Y, Z) group's, its columns from the n/py of the (X, Z) group's, less the rank's own."""
     px, py, pz = tuple(dims)[-3:]
     n, nr, e = s.n, s.nr, s.mr * s.scale
     hin = distinct(e * (1 - 1 / (px * pz)), n / py - nr)

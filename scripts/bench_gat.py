@@ -2,6 +2,7 @@
 """Single-process full-batch GAT training step: gnnpar vs PyG and DGL ``GATConv``, side by side.
 
     python scripts/bench_gat.py --dataset rmat:scale=15,ef=16 --threads 2
+    python scripts/bench_single.py --model gat --dataset rmat:scale=20,ef=16 --device cuda
 
 Both sides train the same model on the same graph in the same vertex order: ``--layers``
 GAT layers, ``--heads`` heads of ``--width`` features each in the hidden layers
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=64, help="features per head (hidden layers)")
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="gnnpar's and PyG's device (DGL's side runs on the CPU only)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
@@ -104,19 +107,20 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     g = load_dataset(args.dataset)
     print(f"{g.summary()}; threads {args.threads}, load average {load0:.2f}", file=sys.stderr)
-    device = torch.device("cpu")
-    rt = SerialRuntime(g, "gcn")
+    device = torch.device(args.device)
+    rt = SerialRuntime(g, "gcn", device)
     train = rt.masks["train"]
     idx = train.nonzero().view(-1)
     crow, col = rt.op.A.crow_indices(), rt.op.A.col_indices()
-    rows = torch.repeat_interleave(torch.arange(g.num_nodes), crow[1:] - crow[:-1])
+    rows = torch.repeat_interleave(torch.arange(g.num_nodes, device=device),
+                                   crow[1:] - crow[:-1])
     keep = rows != col  # PyG adds the self loops itself
     edge_index = torch.stack([col[keep], rows[keep]])  # source -> target
 
     def ours():
         torch.manual_seed(0)
         model = GNN("gat", g.num_features, args.width * args.heads, g.num_classes,
-                    args.layers, args.dropout, heads=args.heads)
+                    args.layers, args.dropout, heads=args.heads).to(device)
         opt = make_optimizer(model, TrainConfig(lr=LR, weight_decay=WEIGHT_DECAY))
         count = float(train.sum())
         return lambda: train_step(model, opt, rt, count)
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
     def pyg():
         torch.manual_seed(0)
         model = pyg_gat(g.num_features, args.width, args.heads, g.num_classes, args.layers,
-                        args.dropout)
+                        args.dropout).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         x, y = rt.x, rt.y
 
@@ -139,7 +143,9 @@ def main(argv=None) -> int:
     skip = args.skip.split(",")
     sides = {k: v for k, v in (("gnnpar", ours), ("pyg", pyg)) if k not in skip}
     dgl = None
-    if "dgl" not in skip:
+    if "dgl" not in skip and device.type != "cpu":
+        print("dgl: not measured (its side venv runs on the CPU only)", file=sys.stderr)
+    elif "dgl" not in skip:
         if os.path.exists(os.path.join(args.dgl_venv, "bin", "python")):
             tmp = tempfile.mkdtemp(prefix="bench-gat-")
             npz = os.path.join(tmp, "graph.npz")

@@ -3,6 +3,7 @@
 
     python scripts/bench_single.py --dataset rmat:scale=16,ef=16 --threads 2
     python scripts/bench_single.py --dataset rmat:scale=20,ef=16 --device cuda
+    python scripts/bench_single.py --model gat ...   # GAT: runs scripts/bench_gat.py
 
 An epoch is forward + backward + Adam step (3 layers, hidden 256 by default). Each of
 ``--rounds`` rounds runs every variant in turn (a fresh model, ``--warmup`` untimed epochs,
@@ -268,6 +269,17 @@ def combine(rounds: list) -> dict:
 
 
 def main():
+    if "--model" in sys.argv[1:]:  # --model gat: the GAT comparison, scripts/bench_gat.py
+        at = sys.argv.index("--model")
+        model = sys.argv[at + 1] if at + 1 < len(sys.argv) else ""
+        if model != "gcn":
+            if model != "gat":
+                sys.exit(f"bench_single.py: --model is gcn (this script) or gat "
+                         f"(scripts/bench_gat.py), got {model!r}")
+            gat = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_gat.py")
+            rest = sys.argv[1:at] + sys.argv[at + 2:]
+            os.execv(sys.executable, [sys.executable, gat] + rest)
+        del sys.argv[at:at + 2]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", default="rmat:scale=16,ef=16", help="dataset spec")

@@ -65,11 +65,26 @@ def rows(dev, out, work):
         train + MB + ["--nprocs", "4", "--group-size", "2", "--algo", "1d-halo"] + dist)
     row("mb-4d-w4", "minibatch", "4d 2x1x2x1", "gloo", 4,
         train + MB + ["--algo", "4d", "--grid", "2x1x2x1", "--nprocs", "4"] + dist)
+    # GAT (issue 26): full batch serial and 2d on 2 ranks, data-parallel mini batch
+    gat = ["--model", "gat", "--heads", "4"]
+    row("fb-gat-serial", "fullbatch", "gat serial", "-", 1,
+        train + FB + gat + ["--epochs", str(EPOCHS)])
+    row("fb-gat-2d-w2", "fullbatch", "gat 2d 2x1", "gloo", 2,
+        train + FB + gat + ["--epochs", str(EPOCHS), "--algo", "2d", "--grid", "2x1",
+                            "--nprocs", "2"] + dist)
+    row("mb-gat-dp-w2", "minibatch", "gat data parallel", "gloo", 2,
+        train + MB + gat + ["--nprocs", "2"] + dist)
     row("bench-single", "bench", "serial vs PyG", "-", 1,
         [PY, "scripts/bench_single.py", "--dataset",
          os.environ.get("GPU_BENCH_DATASET", "rmat:scale=20,ef=16"), "--device", dev,
          "--warmup", "3", "--repeats", "7"], kind="bench" if dev == "cuda" else "skip",
         timeout=240)
+    # issue 26's GPU figure: GAT (2 layers, 4 heads x 64) step vs PyG GATConv
+    row("bench-gat", "bench", "gat vs PyG", "-", 1,
+        [PY, "scripts/bench_single.py", "--model", "gat", "--dataset",
+         os.environ.get("GPU_BENCH_DATASET", "rmat:scale=20,ef=16"), "--device", dev,
+         "--warmup", "2", "--repeats", "5", "--rounds", "1", "--skip", "dgl"],
+        kind="bench" if dev == "cuda" else "skip", timeout=240)
     # issue 11's figures: end to end vs compute only, 3-layer SAGE, 15,10,5, batch 1024
     row("bench-minibatch", "bench", "minibatch e2e vs compute", "-", 1,
         [PY, "scripts/bench_minibatch.py", "--device", dev, "--repeats", "2", "--json",

@@ -10,7 +10,9 @@
 #   4. mini batch on cuda: serial, data parallel on 2 ranks (both sample on the GPU, features
 #      there: --sample-on/--features-on auto), 1d-halo groups of 2 on 4 ranks, 4d --grid
 #      2x1x2x1 on 4 ranks (grouped: sampled on the host);
-#   5. scripts/bench_single.py at scale 20, scripts/bench_minibatch.py (rmat scale 20,
+#   4b. GAT (--heads 4): full batch serial and 2d 2x1 on 2 ranks, data-parallel mini batch;
+#   5. scripts/bench_single.py at scale 20 (GCN, then --model gat: GAT vs PyG GATConv),
+#      scripts/bench_minibatch.py (rmat scale 20,
 #      3-layer SAGE 15,10,5, batch 1024: end to end vs compute only) and scripts/bench_spmm.py
 #      (Triton vs cuSPARSE, fp32 and bf16, every Triton tile: --sweep), each run alone after the
 #      rest.

@@ -163,7 +163,7 @@ def test_predicted_bytes_are_the_logged_bytes(world, method):
 
 # ----------------------------------------------------------------- GAT's exchanges
 GAT_HEADS = 2
-GAT_WORLDS = [(4, "random"), (6, "metis"), (6, "random")]
+GAT_WORLDS = [(4, "random"), (6, "metis")]
 
 
 @pytest.mark.parametrize("world,method", GAT_WORLDS, ids=[f"{m}-p{w}" for w, m in GAT_WORLDS])

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh --dry-run lists every row of the GPU check without running anything:
 the CUDA tests, serial and every full-batch algorithm at world size 1 on NCCL (each with a
---resume row), at 2 and 4 ranks on gloo, the four mini-batch rows and the benchmarks; every
+--resume row), at 2 and 4 ranks on gloo, the four mini-batch rows, three GAT rows and the
+benchmarks (GAT's among them); every
 training command passes gnnpar-train's own flag checks (no training here)."""
 import math
 import argparse
@@ -78,6 +79,13 @@ def test_rows_cover_every_mode(cuda_rows):
     assert (g.nprocs, g.group_size, g.algo, g.backend) == (4, 2, "1d-halo", "gloo")
     d = mb["mb-4d-w4"]
     assert (d.nprocs, d.algo, d.grid, d.backend) == (4, "4d", "2x1x2x1", "gloo")
+    gat = {n: train_args(rows[n]["argv"]) for n in ("fb-gat-serial", "fb-gat-2d-w2",
+                                                     "mb-gat-dp-w2")}
+    assert all(a.model == "gat" and a.heads == 4 and a.device == "cuda" for a in gat.values())
+    assert (gat["fb-gat-2d-w2"].algo, gat["fb-gat-2d-w2"].nprocs) == ("2d", 2)
+    assert gat["mb-gat-dp-w2"].mode == "minibatch"
+    assert "scripts/bench_single.py --model gat" in rows["bench-gat"]["cmd"]
+    assert "--device cuda" in rows["bench-gat"]["cmd"]
     bench = rows["bench-single"]["cmd"]
     assert "scripts/bench_single.py" in bench and "rmat:scale=20,ef=16" in bench
     assert "--device cuda" in bench
@@ -85,7 +93,7 @@ def test_rows_cover_every_mode(cuda_rows):
     assert "--device cuda" in rows["bench-minibatch"]["cmd"]
     # only world size 1 runs NCCL (NCCL refuses two ranks on one GPU)
     assert {r["world"] for r in rows.values() if r["backend"] == "nccl"} == {"1"}
-    assert len([r for r in rows.values() if r["argv"]]) == 1 + 1 + 12 + 12 + 4 + 3
+    assert len([r for r in rows.values() if r["argv"]]) == 1 + 1 + 12 + 12 + 4 + 3 + 4
     assert "--device cuda" in rows["bench-spmm"]["cmd"]
 
 
