@@ -32,9 +32,8 @@ only); a maximum is exact.
 """
 from __future__ import annotations
 
-import torch
-
 import numpy as np
+import torch
 
 from .axes import HaloAxis
 from .blocks import coo_to_csr
