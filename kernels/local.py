@@ -134,16 +134,18 @@ class SparseOperator:
     ``num_dst``/``num_src`` are Â's shape. Bipartite blocks (mini-batch) use the convention
     that the first ``num_dst`` source rows are the destination nodes themselves.
     ``reuse_outputs()`` turns on :class:`OutputBuffers` (call :meth:`start_pass` before each
-    forward pass).
+    forward pass). ``transpose=False`` leaves ``AT`` to a subclass that builds it later
+    (:class:`gnnpar.sampling.blocks.BlockOperator`).
     """
 
-    def __init__(self, indptr, indices, values, shape, device=None):
+    def __init__(self, indptr, indices, values, shape, device=None, transpose: bool = True):
         self.num_dst, self.num_src = int(shape[0]), int(shape[1])
         self.nnz = int(indices.shape[0] if isinstance(indices, torch.Tensor)
                        else np.asarray(indices).shape[0])
         self.A = csr_tensor(indptr, indices, values, shape, device)
-        self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape),
-                             (self.num_src, self.num_dst), device)
+        if transpose:
+            self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape),
+                                 (self.num_src, self.num_dst), device)
         self.fwd_buffers = self.bwd_buffers = None
 
     def to(self, device) -> "SparseOperator":

@@ -99,10 +99,7 @@ class BlockOperator(SparseOperator):
         if not host:
             super().__init__(indptr, indices, values, shape, device)
             return
-        self.num_dst, self.num_src = int(shape[0]), int(shape[1])
-        self.nnz = int(np.asarray(indices).shape[0])
-        self.A = csr_tensor(indptr, indices, values, shape, device)
-        self.fwd_buffers = self.bwd_buffers = None
+        super().__init__(indptr, indices, values, shape, device, transpose=False)
         self._pending, self._on_demand = (indptr, indices, values), on_demand
         if transpose:
             self._build()
