@@ -33,56 +33,58 @@ from .cpu_spmm import available, pool_threads, run_parallel, written
 from .jit import compile_module
 
 #: elements per parallel chunk (a multiple of 4: one hash serves four elements)
-CHUNK = 1 << 16
+CHUNK = 1 << 14
 prange = range  # numba.prange once the pass is compiled (gnnpar.kernels.jit)
 # the compiled functions, set by _compiled()
-pick = splitmix = masked_scale_pass = None
-
-
-def _pick(v, lane, c, drop_units, scale, relu):  # pragma: no cover - compiled
-    # a select, not a product with a 0/1 factor: inf·0 and NaN·0 would be NaN
-    if lane < drop_units or (relu and c <= np.float32(0.0)):
-        return np.float32(0.0)
-    return v * scale
+splitmix = masked_scale_pass = None
+PHI = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _splitmix(seed, g):  # pragma: no cover - compiled
-    z = seed + np.uint64(g) * np.uint64(0x9E3779B97F4A7C15)
+    z = seed + np.uint64(g) * PHI
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
 def _masked_scale_pass(src, cond, out, seed, drop_units, scale, relu):  # pragma: no cover
+    # Per chunk: the hashes into a buffer of 16-bit lanes (a uint64 written over four lanes:
+    # lane k of the hash is element 4g + k on little-endian machines, which every numba
+    # target is), then the selects into a second buffer, then a copy to out. The selects'
+    # loop has no hash in it and writes where it does not read (out may be src itself), so
+    # it vectorises; one loop doing it all runs scalar, with a branch per element that a
+    # random mask mispredicts half the time. Selects, not products with a 0/1 factor: inf·0
+    # and NaN·0 would be NaN.
     n = src.shape[0]
-    groups = n // 4
-    chunk = CHUNK // 4
-    m = np.uint64(0xFFFF)
-    for c in prange((groups + chunk - 1) // chunk):
-        for g in range(c * chunk, min(groups, (c + 1) * chunk)):
-            z = splitmix(seed, g)
-            i = 4 * g
-            out[i] = pick(src[i], z & m, cond[i], drop_units, scale, relu)
-            out[i + 1] = pick(src[i + 1], (z >> np.uint64(16)) & m, cond[i + 1],
-                              drop_units, scale, relu)
-            out[i + 2] = pick(src[i + 2], (z >> np.uint64(32)) & m, cond[i + 2],
-                              drop_units, scale, relu)
-            out[i + 3] = pick(src[i + 3], z >> np.uint64(48), cond[i + 3],
-                              drop_units, scale, relu)
-    z = splitmix(seed, groups)  # the last n % 4 elements
-    for k in range(n - 4 * groups):
-        i = 4 * groups + k
-        out[i] = pick(src[i], (z >> np.uint64(16 * k)) & m, cond[i], drop_units, scale,
-                      relu)
+    du = np.uint16(drop_units)
+    zero = np.float32(0.0)
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        lo = c * CHUNK
+        hi = min(n, lo + CHUNK)
+        lanes = np.empty(CHUNK, np.uint16)
+        words = lanes.view(np.uint64)
+        for g in range((hi - lo + 3) // 4):
+            words[g] = splitmix(seed, lo // 4 + g)
+        s, cc = src[lo:hi], cond[lo:hi]
+        vals = np.empty(hi - lo, np.float32)
+        if relu:  # kept where the lane passes and cond is not <= 0 (positive or NaN)
+            for k in range(hi - lo):
+                keep = lanes[k] >= du
+                vals[k] = s[k] * scale if keep & (cc[k] > zero) else (
+                    s[k] * scale if keep & (cc[k] != cc[k]) else zero)
+        else:
+            for k in range(hi - lo):
+                vals[k] = s[k] * scale if lanes[k] >= du else zero
+        out[lo:hi] = vals
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled():
     """``(numba, kernel)``, made on first use (see :mod:`kernels.cpu_spmm`): the pass and
-    the two functions it inlines are module-level (:func:`gnnpar.kernels.jit.compile_module`),
+    the hash it inlines are module-level (:func:`gnnpar.kernels.jit.compile_module`),
     so numba's disk cache finds the pass again."""
     import numba
-    compile_module(__name__, ("pick", "splitmix"), inline="always")
+    compile_module(__name__, ("splitmix",), inline="always")
     kernels = compile_module(__name__, ("masked_scale_pass",), parallel=True, cache=True,
                              nogil=True)
     return numba, kernels.masked_scale_pass
@@ -125,6 +127,8 @@ def masked_scale(src: torch.Tensor, cond: torch.Tensor, seed: int, drop_units: i
     version bumped); it may be ``src`` and ``cond`` themselves (one element's result depends
     on that element alone, read before it is written), so ``masked_scale(z, z, …, out=z)``
     is the pass in place, with the same mask as a fresh output."""
+    if not 0 <= drop_units < 65536:
+        raise ValueError(f"drop_units must be in [0, 65536), got {drop_units}")
     dtype = src.dtype
     src = src.detach().float().contiguous()
     cond = cond.detach().float().contiguous()

@@ -63,6 +63,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from . import triton_spmm
 from .jit import compile_module, numba_installed
@@ -211,7 +212,7 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
     off: the callers run inside the training step's autocast region, where CPU and CUDA
     autocast would cast A itself to bf16 for ``torch.sparse.mm`` (MKL has no bf16 sparse
     product, and bf16 Â values would lose the fp32 sums' point)."""
-    with torch.autocast(h.device.type, enabled=False):
+    with torch.autocast(h.device.type, enabled=False), record_function("gnnpar::csr_mm"):
         return _product(A, h, out)
 
 
@@ -222,6 +223,9 @@ def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> t
         z = _product(A, h.float(), None)
         return z.to(h.dtype) if out is None else out.copy_(z)
     if not _usable(A, h):
+        if out is None and A.device.type == "cpu" and A.layout == torch.sparse_csr:
+            # torch.sparse.mm would zero a fresh output, multiply into another, then copy
+            out = torch.empty((A.shape[0], h.shape[1]), dtype=torch.result_type(A, h))
         if out is None:
             return torch.sparse.mm(A, h)
         return torch.addmm(out, A, h, beta=0, out=out)
