@@ -159,3 +159,37 @@ def test_non_finite_values_are_selected_not_multiplied(relu, path):
     assert (y[off] == 0).all() and (x.grad[off] == 0).all()
     if relu:
         assert (y[SPECIAL == -INF] == 0).all()
+
+
+@pytest.mark.parametrize("numel", [3, 4 * cpu_dropout.CHUNK, 3 * cpu_dropout.CHUNK + 4 * 7 + 3])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_compiled_pass_is_the_select_of_the_numpy_mask(numel, relu, in_place):
+    """The compiled pass, on one chunk or several with a ragged tail (not a multiple of 4),
+    written fresh or over its input, gives the select of :func:`cpu_dropout.keep_mask`'s
+    decisions bit for bit, non-finite values included; the backward form too."""
+    if not cpu_dropout.usable(torch.ones(1)):
+        pytest.skip("numba is not available")
+    gen = torch.Generator().manual_seed(numel)
+    x = torch.randn(numel, generator=gen)
+    x[:3] = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    grad = torch.randn(numel, generator=gen)
+    seed, units, scale = 987654321, 21845, 65536 / (65536 - 21845)
+    keep = torch.from_numpy(cpu_dropout.keep_mask(numel, seed, units))
+    passes = keep & ~(x <= 0) if relu else keep
+    want = torch.where(passes, x * scale, 0.0)
+    src = x.clone()
+    got = cpu_dropout.masked_scale(src, src, seed, units, scale, relu,
+                                   out=src if in_place else None)
+    assert (got is src) == in_place
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+    dz = cpu_dropout.masked_scale(grad, want, seed, units, scale, relu)
+    assert torch.equal(dz, torch.where(keep & ~(want <= 0) if relu else keep, grad * scale,
+                                       0.0))
+
+
+def test_compiled_pass_refuses_a_threshold_out_of_range():
+    if not cpu_dropout.usable(torch.ones(1)):
+        pytest.skip("numba is not available")
+    with pytest.raises(ValueError, match="drop_units"):
+        cpu_dropout.masked_scale(torch.ones(4), torch.ones(4), 1, 65536, 1.0, False)
