@@ -211,7 +211,9 @@ def csr_mm(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor] = None
     callers are autograd Functions that give the backward themselves. Runs with autocast
     off: the callers run inside the training step's autocast region, where CPU and CUDA
     autocast would cast A itself to bf16 for ``torch.sparse.mm`` (MKL has no bf16 sparse
-    product, and bf16 Â values would lose the fp32 sums' point)."""
+    product, and bf16 Â values would lose the fp32 sums' point). Each call is a profiler
+    range, ``gnnpar::csr_mm``, so ``scripts/profile_epoch.py`` counts torch's ``addmm``
+    inside it as a sparse product, not a dense one."""
     with torch.autocast(h.device.type, enabled=False), record_function("gnnpar::csr_mm"):
         return _product(A, h, out)
 
