@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+import argparse
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -25,6 +27,18 @@ EXIT_DIVERGED = 4
 class LostRank(RuntimeError):
     """A peer of a launched world is gone before this rank could join it (it died, or never
     started); :func:`run_cli` exits :data:`EXIT_LOST_RANK` with the message as one line."""
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's formatter that appends each option's default, except to a help text that
+    states its default itself ("(default ..." or "; default ..."): there the parser's default
+    is often None, meaning "not given", and "(default 1) (default: None)" would contradict
+    itself."""
+
+    def _get_help_string(self, action):
+        if re.search(r"[(;] ?default\b", action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 # ---------------------------------------------------------------- bounds of count flags

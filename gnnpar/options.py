@@ -19,7 +19,7 @@ from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
 from .attention import check_heads
-from .cli_common import check_bounds
+from .cli_common import DefaultsHelpFormatter, check_bounds
 from .custom_model import check_custom, is_custom
 from .models import LAYERS
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gnnpar-train",
         description="Train a GCN, GraphSAGE or GAT model, serially or distributed.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     d = p.add_argument_group("data")
     d.add_argument("--dataset", default=None,
                    help="dataset spec: rmat:scale=S,ef=E | sbm:n=N,blocks=B,p_in=P,p_out=Q | "

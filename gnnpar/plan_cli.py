@@ -38,7 +38,7 @@ from gnnpar.partitioners import partition_graph
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
 from .attention import GAT_HEADS, check_heads
-from .cli_common import MAX_RANKS, check_bounds, run_cli
+from .cli_common import MAX_RANKS, DefaultsHelpFormatter, check_bounds, run_cli
 from .precision import PRECISIONS
 
 PROG = "gnnpar-plan"
@@ -158,7 +158,7 @@ def format_table(rows, top: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", default=None, help="dataset spec (n, m, features, classes from it)")
     p.add_argument("--nodes", type=int, default=None, help="n, instead of --dataset")
     p.add_argument("--edges", type=int, default=None, help="non-zeros of Â (m), instead of --dataset")

@@ -21,7 +21,7 @@ from typing import List, Tuple
 from gnnpar.datasets import InputError
 from gnnpar.datasets.owned import check_writable_folder, refuse_claimed
 
-from .cli_common import run_cli
+from .cli_common import DefaultsHelpFormatter, run_cli
 
 TIME_PARTS = (("compute_s", "compute", "#4C72B0"), ("comm_s", "communication", "#DD8452"),
               ("sampler_s", "sampling", "#55A868"), ("stall_s", "input stall", "#C44E52"))
@@ -177,7 +177,7 @@ def check_output(log_path: str, out_path: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gnnpar-report",
                                 description="Draw a PNG report from a gnnpar --log-json file.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("log", help="JSON-lines log written by gnnpar-train --log-json")
     p.add_argument("-o", "--output", default="report.png", help="PNG file to write")
     p.add_argument("--title", default="", help="figure title (default: algorithm and grid)")

@@ -112,3 +112,14 @@ def test_profile_writes_a_trace_of_the_chosen_epoch(tmp_path):
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any("mm" in n for n in names)  # the epoch's matrix products were recorded
     assert main(["--dataset", SMALL, "--epochs", "3", "--quiet", "--profile", "5"]) == 2
+
+
+def test_help_states_each_default_once():
+    """A flag whose help states its own default (``--macrobatch``: "(default 1)", parser
+    default None) does not also get argparse's "(default: None)"; one that does not
+    (``--dropout``) still gets the parser's default appended."""
+    from gnnpar.options import build_parser
+    text = " ".join(build_parser().format_help().split())
+    assert "fetched once (default 1) --sampler-workers" in text
+    assert "(default 1) (default: None)" not in text
+    assert "dropout probability (default: 0.5)" in text
