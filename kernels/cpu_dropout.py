@@ -100,7 +100,7 @@ def keep_mask(numel: int, seed: int, drop_units: int) -> np.ndarray:
     numba draws the same masks from the same seed)."""
     g = np.arange((numel + 3) // 4, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        z = np.uint64(seed) + g * np.uint64(0x9E3779B97F4A7C15)
+        z = np.uint64(seed) + g * PHI
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)

@@ -18,10 +18,10 @@ for bit, and torch within that bound.
 
 **Which product serves a call** (``GNNPAR_SPMM``): ``auto`` (the default) follows
 :data:`SIZE_RULE`: float32 products go to torch's ``addmm`` into the given output, or into
-an empty one (``torch.sparse.mm`` would zero a fresh output, multiply into another and copy
-it over) (MKL's product was faster than this kernel at every width and size swept, once both
-write into a reused output), bf16 products this wide and this large to the kernel (MKL has no bf16
-product: torch's path widens H to a float32 copy first). ``numba`` sends every float32 and
+an empty one, not through ``torch.sparse.mm``, which zeroes a fresh CPU output, multiplies
+into another and copies it over. MKL's product was faster than this kernel at every width
+and size swept, once both write into a reused output. bf16 products this wide and this large
+go to the kernel (MKL has no bf16 product: torch's path widens H to a float32 copy first). ``numba`` sends every float32 and
 bf16 product to the kernel: the same bits on every x86-64 CPU, so a run and its checkpoints
 reproduce on a machine with another instruction set, at MKL's speed advantage.
 ``torch`` sends every product to torch.
