@@ -36,6 +36,7 @@ from dataclasses import replace
 import numpy as np
 
 from .errors import InputError
+from .metis_call import metis_part_graph
 from .graph import Graph
 
 ORDERS = ("none", "degree", "rcm", "partition")
@@ -63,7 +64,6 @@ def partition_order(graph: Graph, rows: int = CLUSTER_ROWS, seed: int = 0) -> np
     """Clusters of about ``rows`` vertices with few edges between them (METIS k-way on the
     symmetrised structure, unit weights), one after another, each cluster's vertices by
     degree, highest first: a block of rows then reads mostly its own cluster's feature rows."""
-    import pymetis
     import scipy.sparse as sp
     n = graph.num_nodes
     k = max(1, -(-n // rows))
@@ -74,14 +74,8 @@ def partition_order(graph: Graph, rows: int = CLUSTER_ROWS, seed: int = 0) -> np
     a.setdiag(0)
     a.eliminate_zeros()
     a = sp.csr_matrix(a)
-    opts = pymetis.Options(seed=int(seed))
-    indptr, indices = a.indptr.astype(np.int64), a.indices.astype(np.int64)
-    if hasattr(pymetis, "CSRAdjacency"):
-        _, part = pymetis.part_graph(k, pymetis.CSRAdjacency(indptr, indices), options=opts,
-                                     recursive=False)
-    else:  # pymetis < 2025.2
-        _, part = pymetis.part_graph(k, xadj=indptr, adjncy=indices, options=opts,
-                                     recursive=False)
+    part = metis_part_graph(k, a.indptr.astype(np.int64), a.indices.astype(np.int64),
+                            seed=int(seed))
     return np.lexsort((-graph.degrees(), np.asarray(part))).astype(np.int64)
 
 

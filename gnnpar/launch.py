@@ -130,9 +130,10 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dic
     if not spec.minibatch:
         spec.grid_shape(spec.nprocs)  # fail before writing shards or spawning
     source, temporary = None, False
-    with _sigterm_unwinds():  # a SIGTERM while shards are written still removes them
+    with _sigterm_unwinds() as sigterm:  # a SIGTERM while shards are written removes them
         try:
             source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
+            _raise_if_preempted(sigterm)
             return spawn(_spawned, spec.nprocs, args=(spec, source), backend=spec.backend,
                          timeout_s=spec.timeout, threads=spec.threads, dynamo_first=True)[0]
         except SpawnError as e:
@@ -158,18 +159,31 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dic
 @contextmanager
 def _sigterm_unwinds():
     """SIGTERM raises ``SystemExit(143)`` in this (main) thread, so every ``finally`` runs
-    (while ranks run, spawn passes SIGTERM on to them and re-raises it here afterwards)."""
+    (while ranks run, spawn passes SIGTERM on to them and re-raises it here afterwards).
+
+    A handler's exception is lost when the signal lands while C code is calling back into
+    Python (numba's compiler does, while the shard kernels compile): Python prints
+    "Exception ignored" and goes on. So the signal is also recorded, and
+    :func:`_raise_if_preempted` raises it again once the shards are written."""
+    state = {"received": False}
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
 
     def preempted(signum, frame):
+        state["received"] = True
         raise SystemExit(EXIT_PREEMPTED)
     old = signal.signal(signal.SIGTERM, preempted)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _raise_if_preempted(sigterm: dict) -> None:
+    """Raise the SIGTERM that :func:`_sigterm_unwinds` recorded, if its own raise was lost."""
+    if sigterm["received"]:
+        raise SystemExit(EXIT_PREEMPTED)
 
 
 def _join_launched(spec: RunSpec, info: WorldInfo, backend: str) -> dict:

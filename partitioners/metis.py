@@ -19,7 +19,9 @@ an ``n * 2``-long weight array is silently misread), so only one quantity can be
 The tolerance ``imbalance`` is METIS's ``ufactor / 1000``: every part weighs at most
 ``(1 + imbalance) * W / P`` plus, on small graphs, one vertex's weight (METIS cannot split a
 vertex). ``recursive=False`` selects k-way refinement (pymetis otherwise bisects recursively for
-P <= 8), and ``seed`` goes to METIS's RNG, so the result is deterministic per seed.
+P <= 8), and ``seed`` goes to METIS's RNG, so the result is deterministic per seed. The call
+runs in a forked child (:mod:`gnnpar.datasets.metis_call` says why: METIS takes SIGTERM for
+itself).
 
 More parts than vertices is refused: METIS would return an arbitrary assignment there and the
 balance promise could not hold; use ``block`` for that case.
@@ -31,6 +33,7 @@ import math
 import numpy as np
 
 from gnnpar.datasets import Graph, InputError
+from gnnpar.datasets.metis_call import metis_part_graph
 
 from .csr_rows import chunk_rows, pattern_facts, row_chunks
 from .partition import Partition, check_parts
@@ -109,19 +112,12 @@ def checked_input(method: str, graph: Graph, parts: int, imbalance: float, balan
 def metis_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "edges",
                     imbalance: float = 0.03) -> Partition:
     """METIS k-way partition of the symmetrised graph (see module docstring for the promises)."""
-    import pymetis
-
     n = graph.num_nodes
     parts, imbalance, indptr, indices, vw = checked_input("metis", graph, parts, imbalance, balance)
     if parts == 1:
         owner = np.zeros(n, np.int32)
     else:
-        opts = pymetis.Options(seed=int(seed) & 0x7FFFFFFF, ufactor=max(1, int(round(imbalance * 1000))))
-        kwargs = dict(vweights=vw, recursive=False, options=opts)
-        if hasattr(pymetis, "CSRAdjacency"):
-            result = pymetis.part_graph(parts, pymetis.CSRAdjacency(indptr, indices), **kwargs)
-        else:  # pymetis < 2025.2
-            result = pymetis.part_graph(parts, xadj=indptr, adjncy=indices, **kwargs)
-        owner = np.asarray(result.vertex_part, dtype=np.int32)
+        owner = metis_part_graph(parts, indptr, indices, seed=seed, vweights=vw,
+                                 ufactor=max(1, int(round(imbalance * 1000))))
     return Partition.from_owner(owner, parts, method="metis", seed=seed,
                                 info={"balance": balance, "imbalance": imbalance})

@@ -166,11 +166,14 @@ def test_a_reused_pid_does_not_keep_a_folder_alive(tmpdir_env):
 
 def test_sigterm_while_shards_are_written_leaves_nothing(tmpdir_env):
     """SIGTERM to a --nprocs parent still partitioning (before any rank exists): exit 143 and
-    its temporary shards are gone."""
+    its temporary shards are gone. METIS runs in a child of its own, so the signal reaches the
+    parent's handler (tests/test_metis_call.py). Many epochs: a test process slow to see the
+    folder still signals a run that has not ended (a SIGTERM that comes once training has
+    begun must end the same way)."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, "-m", "gnnpar.train", "--algo", "1d-halo",
                              "--nprocs", "2", "--dataset", "rmat:scale=15,ef=16",
-                             "--partitioner", "metis", "--epochs", "1", "--quiet"],
+                             "--partitioner", "metis", "--epochs", "500", "--quiet"],
                             env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not any(n.startswith("gnnpar-shards-") for n in os.listdir(tmpdir_env)):
