@@ -29,6 +29,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from gnnpar.partitioners.random_part import splitmix64
+
 from .cpu_spmm import available, pool_threads, run_parallel, written
 from .jit import compile_module
 
@@ -100,10 +102,7 @@ def keep_mask(numel: int, seed: int, drop_units: int) -> np.ndarray:
     numba draws the same masks from the same seed)."""
     g = np.arange((numel + 3) // 4, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        z = np.uint64(seed) + g * PHI
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
+        z = splitmix64(np.uint64(seed) + g * PHI)
     lanes = np.stack([(z >> np.uint64(16 * k)) & np.uint64(0xFFFF) for k in range(4)], axis=1)
     return lanes.reshape(-1)[:numel] >= np.uint64(drop_units)
 
