@@ -87,7 +87,7 @@ def run_forked(call):
         how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                else f"exited with code {os.waitstatus_to_exitcode(status)}")
         raise RuntimeError(f"the METIS process {how} before it returned a partition")
-    ok, value = pickle.loads(bytes(payload))
+    ok, value = pickle.loads(payload)
     if not ok:
         raise value
     return value
