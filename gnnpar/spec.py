@@ -27,6 +27,7 @@ from gnnpar.kernels.grid import parse_grid
 
 from .options import check_args
 from .sampling.neighbor import parse_fanouts
+from .sampling.options import pipeline_depth
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class RunSpec:
     batch_size: Optional[int] = None
     macrobatch: Optional[int] = None
     sampler_workers: int = 1
-    prefetch: int = 2
+    prefetch: Optional[int] = None
     cache_frac: float = 0.0
     cache_policy: str = "degree"
     replace: bool = False
@@ -106,6 +107,10 @@ class RunSpec:
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                   if hasattr(args, f.name)}
         values["device"] = str(pick_device(args.device))
+        if getattr(args, "mode", None) == "minibatch":  # every rank resolves them alike
+            values["macrobatch"], values["prefetch"] = pipeline_depth(
+                args.macrobatch, args.prefetch, args.sampler_workers,
+                host_samples=args.sample_on == "host" or values["device"] == "cpu")
         values["grid_dims"] = parse_grid(args.grid) if args.grid else None
         if args.fanouts is not None:
             values["fanouts"] = parse_fanouts(args.fanouts)

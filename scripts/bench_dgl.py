@@ -48,8 +48,8 @@ Measures (``--measures``):
     the blocks of the next minibatches while the trainer steps) runs beside it at the lowest
     OS priority, on the cycles the trainer leaves idle (``gnnpar.sampling.service``).
     ``--train-sampler-workers W`` passes ``--sampler-workers W`` (not passed by default);
-    ``--gnnpar-flags`` adds flags (e.g. ``--macrobatch 4``; the CLI's defaults otherwise:
-    macrobatch 1, prefetch 2). Both sides' processes start from the caller's environment
+    ``--gnnpar-flags`` adds flags (e.g. ``--macrobatch 1``; the CLI's defaults on a CPU
+    otherwise: macrobatch 4, one macrobatch ahead per sampler worker). Both sides' processes start from the caller's environment
     plus ``OMP_NUM_THREADS=T``; gnnpar-train adds its own OpenMP default (``GOMP_SPINCOUNT``,
     ``gnnpar/__init__.py``) as it does for any user, the DGL side runs with none. The epoch
     time is the log's ``train_s`` (steps only). What differs: ``gnnpar-train`` has no flag
@@ -111,6 +111,7 @@ from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
 from gnnpar.models import build_model  # noqa: E402
 from gnnpar.options import parser_defaults  # noqa: E402
+from gnnpar.sampling.options import pipeline_depth  # noqa: E402
 from gnnpar.sampling import (BulkSampler, FeatureStore, NeighborSampler,  # noqa: E402
                              SamplerConfig, Topology)
 from gnnpar.serial import SerialRuntime  # noqa: E402
@@ -207,9 +208,12 @@ class GnnparSide:
         recs = [json.loads(line) for line in open(log)]
         epochs_ = [r for r in recs if "train_s" in r and not r.get("final")]
         # Macrobatches the sampler may have made ready during the previous epoch's
-        # evaluation: at most --prefetch of them, K minibatches each.
-        ahead = flag_value(extra, "--prefetch", parser_defaults()["prefetch"]) * (
-            flag_value(extra, "--macrobatch", parser_defaults()["macrobatch"] or 1))
+        # evaluation: at most --prefetch of them, K minibatches each (a CPU run's defaults).
+        k, prefetch = pipeline_depth(
+            flag_value(extra, "--macrobatch", parser_defaults()["macrobatch"]),
+            flag_value(extra, "--prefetch", parser_defaults()["prefetch"]),
+            1 if workers is None else workers, host_samples=True)
+        ahead = k * prefetch
         head = [0.0] + [r["sampler_s"] * min(1.0, ahead / max(r["steps"], 1))
                         for r in epochs_[1:]]
         return {"epochs_s": [r["train_s"] for r in epochs_], "steps": epochs_[-1]["steps"],
@@ -228,14 +232,14 @@ def train_flags(spec, a, epochs, threads, workers, extra) -> list:
             + list(extra))
 
 
-def flag_value(flags, name, default) -> int:
+def flag_value(flags, name, default):
     """The integer value of ``name`` in a gnnpar-train argument list, else ``default``."""
     for i, f in enumerate(flags):
         if f == name and i + 1 < len(flags):
             return int(flags[i + 1])
         if f.startswith(name + "="):
             return int(f.split("=", 1)[1])
-    return int(default)
+    return default
 
 
 # ---------------------------------------------------------------- DGL side (subprocess)

@@ -115,11 +115,12 @@ def test_profile_writes_a_trace_of_the_chosen_epoch(tmp_path):
 
 
 def test_help_states_each_default_once():
-    """A flag whose help states its own default (``--macrobatch``: "(default 1)", parser
+    """A flag whose help states its own default (``--macrobatch``, ``--prefetch``: parser
     default None) does not also get argparse's "(default: None)"; one that does not
     (``--dropout``) still gets the parser's default appended."""
     from gnnpar.options import build_parser
     text = " ".join(build_parser().format_help().split())
-    assert "fetched once (default 1) --sampler-workers" in text
-    assert "(default 1) (default: None)" not in text
+    assert "1 where the device may) --sampler-workers" in text
+    assert "else one per sampler worker) --cache-frac" in text
+    assert "(default: None)" not in text.split("--macrobatch", 1)[1].split("--cache-frac")[0]
     assert "dropout probability (default: 0.5)" in text

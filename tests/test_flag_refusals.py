@@ -123,7 +123,8 @@ def test_help_still_gives_the_defaults(capsys):
         build_parser().parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     for text in ("--sampler-workers SAMPLER_WORKERS sampler threads per rank running ahead of "
-                 "the trainer (default: 1)", "(default: degree)", "(default 1)"):
+                 "the trainer (default: 1)", "(default: degree)",
+                 "(default 2 at --macrobatch 1, else one per sampler worker)"):
         assert text in out, text
 
 

@@ -192,3 +192,32 @@ def test_features_auto_on_a_gpu_follows_free_memory(monkeypatch, free, expect):
     with pytest.raises(InputError, match="--features-on device"):
         resolve_placement("auto", "device", "cuda", replicated=True, grouped=False,
                           feature_bytes=10 ** 9 * 2, topo_bytes=0)
+
+
+@pytest.mark.parametrize("flags, device, expect", [
+    ((), "cpu", (4, 1)),                                   # a CPU run: K = 4, one ahead
+    (("--sampler-workers", "2"), "cpu", (4, 2)),           # one macrobatch ahead per worker
+    (("--macrobatch", "1"), "cpu", (1, 2)),                # K given as 1: two ahead, as before
+    (("--macrobatch", "8", "--prefetch", "3"), "cpu", (8, 3)),
+])
+def test_pipeline_defaults_of_a_cpu_run(flags, device, expect):
+    """The CLI's unset --macrobatch/--prefetch resolve in the frozen spec (every rank alike),
+    and the service the setup builds uses them."""
+    from gnnpar.sampling.setup import _service_cfg
+    from gnnpar.spec import RunSpec
+    spec = RunSpec.from_args(cli_args("--fanouts", "5,5", "--batch-size", "8", "--device",
+                                      device, *flags))
+    assert (spec.macrobatch, spec.prefetch) == expect
+    placement = resolve_placement("auto", "auto", torch.device("cpu"), replicated=True,
+                                  grouped=False, feature_bytes=1, topo_bytes=1)
+    cfg = _service_cfg(spec, "cpu", placement)
+    assert (cfg.macrobatch, cfg.prefetch) == expect
+
+
+def test_pipeline_defaults_where_the_device_may_sample():
+    """Unset flags with the device sampling: K = 1 and two ahead (as before K had a default
+    of its own); the host sampling: K = 4."""
+    from gnnpar.sampling.options import HOST_MACROBATCH, pipeline_depth
+    assert pipeline_depth(None, None, 1, host_samples=False) == (1, 2)
+    assert pipeline_depth(None, None, 1, host_samples=True) == (HOST_MACROBATCH, 1)
+    assert pipeline_depth(None, None, 3, host_samples=True) == (HOST_MACROBATCH, 3)

@@ -10,6 +10,10 @@ from gnnpar.kernels.grid import parse_grid
 from .neighbor import parse_fanouts
 
 MODES = ("fullbatch", "minibatch")
+#: ``--macrobatch`` where the host samples and the flag is not given. Sampling 4 minibatches
+#: at once makes the plain CPU command faster (``docs/performance.md``, issue 25's rows) and
+#: gives the same blocks as 1 (the draws never depend on the macrobatch).
+HOST_MACROBATCH = 4
 #: every flag of :func:`add_minibatch_args` but ``--mode``: only ``--mode minibatch`` reads them
 #: (``MINIBATCH_ONLY``, filled in below, maps each to its parser default, "not given")
 MINIBATCH_FLAGS = ("fanouts", "batch_size", "macrobatch", "group_size", "sampler_workers",
@@ -30,11 +34,13 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                    help="seed nodes per minibatch on the rank with the most seeds")
     b.add_argument("--macrobatch", type=int, default=None,
                    help="minibatches sampled together whose input features are fetched once "
-                        "(default 1)")
+                        f"(default {HOST_MACROBATCH} where the host samples: a CPU run or "
+                        "--sample-on host; 1 where the device may)")
     b.add_argument("--sampler-workers", type=int, default=1,
                    help="sampler threads per rank running ahead of the trainer")
-    b.add_argument("--prefetch", type=int, default=2,
-                   help="macrobatches a rank's samplers may have ready ahead of the trainer")
+    b.add_argument("--prefetch", type=int, default=None,
+                   help="macrobatches a rank's samplers may have ready ahead of the trainer "
+                        "(default 2 at --macrobatch 1, else one per sampler worker)")
     b.add_argument("--cache-frac", type=float, default=0.0,
                    help="fraction of the remote vertices whose feature rows a rank keeps (0-1)")
     b.add_argument("--cache-policy", default="degree", choices=("degree", "presample"),
@@ -91,14 +97,24 @@ def check_mode_args(args) -> None:
         raise InputError(f"--fanouts gives {len(fanouts)} layer(s) but --layers is {args.layers}")
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
-    macrobatch = 1 if args.macrobatch is None else args.macrobatch
-    for flag, value in (("--macrobatch", macrobatch),
+    for flag, value in (("--macrobatch", args.macrobatch),
                         ("--sampler-workers", args.sampler_workers), ("--prefetch", args.prefetch)):
-        if value < 1:
+        if value is not None and value < 1:
             raise InputError(f"{flag} must be >= 1, got {value}")
     if not 0.0 <= args.cache_frac <= 1.0:
         raise InputError(f"--cache-frac must be in [0, 1], got {args.cache_frac}")
     check_group_args(args)
+
+
+def pipeline_depth(macrobatch, prefetch, workers: int, host_samples: bool):
+    """``(K, prefetch)``: the flags as given, else their defaults. K is
+    :data:`HOST_MACROBATCH` where the host samples, 1 where the device may. Prefetch is 2 at
+    K = 1 (as before K had a default of its own), else one macrobatch per sampler worker: K = 4
+    with one ahead holds about the feature rows that K = 1 with two ahead did, since a
+    macrobatch fetches the rows its minibatches share once."""
+    k = int(macrobatch) if macrobatch is not None else (HOST_MACROBATCH if host_samples else 1)
+    ahead = int(prefetch) if prefetch is not None else (2 if k == 1 else max(1, int(workers)))
+    return k, ahead
 
 
 def check_group_args(args) -> None:

@@ -39,6 +39,7 @@ from .features import FeatureStore
 from .grouped import Group, GroupedService
 from .loop import DataParallel
 from .neighbor import SamplerConfig, batch_rng
+from .options import pipeline_depth
 from .partitioned import PartitionedTopology
 from .placement import Placement, resolve_placement
 from .seeds import EpochPlan
@@ -50,9 +51,10 @@ PROBE_STEPS = 32
 
 
 def _service_cfg(spec, device, placement: Placement) -> ServiceConfig:
-    return ServiceConfig(macrobatch=spec.macrobatch or 1, workers=spec.sampler_workers,
-                         prefetch=spec.prefetch, seed=spec.seed, device=str(device),
-                         sampler=placement.sample_on)
+    k, ahead = pipeline_depth(spec.macrobatch, spec.prefetch, spec.sampler_workers,
+                              host_samples=placement.sample_on == "host")
+    return ServiceConfig(macrobatch=k, workers=spec.sampler_workers, prefetch=ahead,
+                         seed=spec.seed, device=str(device), sampler=placement.sample_on)
 
 
 def _place(spec, device, topo, store, grouped: bool, lead: bool) -> Placement:
