@@ -75,9 +75,10 @@ SAMPLER_SITES = ("host", "device")
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """macrobatch: minibatches sampled and fetched together, K ≥ 1 (default 1);
-    workers: sampler threads, ≥ 1 (default 1); prefetch: macrobatches allowed ahead of the
-    trainer, ≥ 1 (default 2); bulk: sample a macrobatch with the bulk matrix sampler (else
+    """macrobatch: minibatches sampled and fetched together, K ≥ 1 (default 1; ``gnnpar-train``
+    picks its own, :func:`~gnnpar.sampling.options.pipeline_depth`); workers: sampler
+    threads, ≥ 1 (default 1); prefetch: macrobatches allowed ahead of the trainer, ≥ 1
+    (default 2); bulk: sample a macrobatch with the bulk matrix sampler (else
     minibatch by minibatch); seed: of every draw; device: of operators and features;
     sampler: ``host`` (numpy samplers) or ``device`` (:mod:`.device_sampler` on ``device``);
     draws: the device sampler's uniforms (:mod:`.draws`: ``hash`` made on the device, ``pcg``
