@@ -109,9 +109,9 @@ def check_mode_args(args) -> None:
 def pipeline_depth(macrobatch, prefetch, workers: int, host_samples: bool):
     """``(K, prefetch)``: the flags as given, else their defaults. K is
     :data:`HOST_MACROBATCH` where the host samples, 1 where the device may. Prefetch is 2 at
-    K = 1 (as before K had a default of its own), else one macrobatch per sampler worker: K = 4
-    with one ahead holds about the feature rows that K = 1 with two ahead did, since a
-    macrobatch fetches the rows its minibatches share once."""
+    K = 1 (as before K had a default of its own), else one macrobatch per sampler worker. So
+    K = 4 holds four minibatches ahead where K = 1 held two, and fetches the feature rows they
+    share once (the peak memory of both is in ``docs/performance.md``)."""
     k = int(macrobatch) if macrobatch is not None else (HOST_MACROBATCH if host_samples else 1)
     ahead = int(prefetch) if prefetch is not None else (2 if k == 1 else max(1, int(workers)))
     return k, ahead
