@@ -50,8 +50,9 @@ Measures (``--measures``):
     ``--train-sampler-workers W`` passes ``--sampler-workers W`` (not passed by default);
     ``--gnnpar-flags`` adds flags (e.g. ``--macrobatch 1``; the CLI's defaults on a CPU
     otherwise: macrobatch 4, one macrobatch ahead per sampler worker). Both sides' processes
-    start from the caller's environment plus ``OMP_NUM_THREADS=T``; gnnpar-train adds its own OpenMP default (``GOMP_SPINCOUNT``,
-    ``gnnpar/__init__.py``) as it does for any user, the DGL side runs with none. The epoch
+    start from the caller's environment plus ``OMP_NUM_THREADS=T``; gnnpar-train adds its
+    own OpenMP default (``GOMP_SPINCOUNT``, ``gnnpar/__init__.py``) as it does for any user,
+    the DGL side runs with none. The epoch
     time is the log's ``train_s`` (steps only). What differs: ``gnnpar-train`` has no flag
     to skip evaluation, so after each epoch it evaluates (full-graph inference, not in
     ``train_s``), and during that evaluation its sampler thread already prepares up to
