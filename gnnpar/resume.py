@@ -291,10 +291,11 @@ def check_checkpoint_args(args) -> None:
                          "identity: its checkpoints cannot be resumed safely; give a new folder")
     found = check_claimable(folder, KIND, WHAT)
     if found is not None and found.get("identity"):
-        # what the flags alone decide (dataset fingerprint and world layout come at setup)
+        # what the flags alone decide (dataset fingerprint and world layout come at setup;
+        # an unset --macrobatch is resolved with the device, in the run's spec)
         theirs = found["identity"]
         mine = {k: v for k, v in run_meta(args, 0, [], None).items()
-                if k not in ("world_size", "grid", "fingerprint") and k in theirs}
+                if k not in ("world_size", "grid", "fingerprint", "macrobatch") and k in theirs}
         check_identity(folder, {"identity": {k: theirs[k] for k in mine}}, mine, WHAT)
     if not args.resume:  # on this host's disk; every rank checks its own again at setup
         _refuse_earlier_checkpoints(folder, ranks)
