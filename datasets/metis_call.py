@@ -45,7 +45,7 @@ def metis_part_graph(parts: int, indptr: np.ndarray, indices: np.ndarray, *, see
         return _pymetis_call(pymetis, parts, indptr, indices, seed, ufactor, vweights)
     if not hasattr(os, "fork"):
         return call()
-    return run_forked(call)
+    return run_forked(call, "the METIS process", "a partition")
 
 
 def _pymetis_call(pymetis, parts, indptr, indices, seed, ufactor, vweights) -> np.ndarray:
@@ -58,10 +58,11 @@ def _pymetis_call(pymetis, parts, indptr, indices, seed, ufactor, vweights) -> n
     return np.asarray(result[1], dtype=np.int32)
 
 
-def run_forked(call):
+def run_forked(call, who: str = "the forked child", what: str = "its result"):
     """``call()`` in a forked child with SIGTERM and SIGINT blocked; its (picklable) result
     or its exception here. A signal this process takes meanwhile runs this process's handler
-    at once; the child is killed and reaped on every way out."""
+    at once; the child is killed and reaped on every way out. ``who`` and ``what`` name the
+    child and its result in the error raised when it dies first."""
     parent = os.getpid()
     r, w = os.pipe()
     pid = os.fork()
@@ -86,7 +87,7 @@ def run_forked(call):
     if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or not payload:
         how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                else f"exited with code {os.waitstatus_to_exitcode(status)}")
-        raise RuntimeError(f"the METIS process {how} before it returned a partition")
+        raise RuntimeError(f"{who} {how} before it returned {what}")
     ok, value = pickle.loads(payload)
     if not ok:
         raise value

@@ -38,8 +38,11 @@ def test_the_childs_exception_is_raised_here():
 
 
 def test_a_child_killed_by_a_signal_is_an_error():
-    with pytest.raises(RuntimeError, match="killed by signal 9"):
+    with pytest.raises(RuntimeError, match="^the forked child was killed by signal 9 before"):
         run_forked(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    with pytest.raises(RuntimeError, match="^the METIS process exited with code 1 before it "
+                                          "returned a partition$"):
+        run_forked(lambda: os._exit(1), "the METIS process", "a partition")
 
 
 def _children(pid):

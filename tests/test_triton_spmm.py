@@ -29,7 +29,7 @@ def cases():
         dense = (torch.rand(n, m, generator=g) < d) * torch.randn(n, m, generator=g)
         dense[list(empty)] = 0
         yield dense
-    gr = load_dataset("rmat:scale=8,ef=4")  # power law
+    gr = load_dataset("rmat:scale=6,ef=8")  # power law: rows of 1 to 42 entries
     ip, ix, v = propagation_matrix(gr, "mean")
     yield csr_tensor(ip, ix, v, (gr.num_nodes, gr.num_nodes)).to_dense()
 
