@@ -84,7 +84,8 @@ class RunSpec:
     fanouts: Optional[Tuple[int, ...]] = None  #: parsed, input layer first
     batch_size: Optional[int] = None
     macrobatch: Optional[int] = None
-    sampler_workers: int = 1
+    sampler_workers: Optional[int] = None  #: None: 1, or the burst width (sampling.setup)
+    sample_in_bursts: Optional[bool] = None  #: None: the rule of sampling.setup
     prefetch: Optional[int] = None
     cache_frac: float = 0.0
     cache_policy: str = "degree"
@@ -110,7 +111,7 @@ class RunSpec:
         if getattr(args, "mode", None) == "minibatch":  # every rank resolves them alike
             values["macrobatch"], values["prefetch"] = pipeline_depth(
                 getattr(args, "macrobatch", None), getattr(args, "prefetch", None),
-                getattr(args, "sampler_workers", 1),
+                getattr(args, "sampler_workers", None),
                 host_samples=(getattr(args, "sample_on", "auto") == "host"
                               or values["device"] == "cpu"))
         values["grid_dims"] = parse_grid(args.grid) if args.grid else None

@@ -91,7 +91,7 @@ ACCEPTED = [
     ["--algo", "auto", "--nprocs", "2", "--mem-cap", "1GB", "--bandwidth", "1e9",
      "--latency", "1e-5"],
     # a flag written out at its default value changes nothing, so it is not refused
-    ["--sampler-workers", "1", "--cache-frac", "0", "--replicate-graph"],
+    ["--cache-frac", "0", "--replicate-graph"],
     [*MB, "--macrobatch", "2", "--sampler-workers", "2", "--prefetch", "1", "--replace",
      "--cache-frac", "0.1", "--cache-policy", "presample", "--no-replicate-graph"],
     [*MB, "--algo", "1.5d", "--group-size", "2", "--replication", "2", "--variant", "bcast"],
@@ -123,7 +123,8 @@ def test_help_still_gives_the_defaults(capsys):
         build_parser().parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     for text in ("--sampler-workers SAMPLER_WORKERS sampler threads per rank running ahead of "
-                 "the trainer (default: 1)", "(default: degree)",
+                 "the trainer (default 1; a one-process CPU run", "(default: degree)",
+                 "--sample-in-bursts, --no-sample-in-bursts sampler threads run only while",
                  "(default 2 at --macrobatch 1, else one per sampler worker)"):
         assert text in out, text
 

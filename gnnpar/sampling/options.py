@@ -17,8 +17,8 @@ HOST_MACROBATCH = 4
 #: every flag of :func:`add_minibatch_args` but ``--mode``: only ``--mode minibatch`` reads them
 #: (``MINIBATCH_ONLY``, filled in below, maps each to its parser default, "not given")
 MINIBATCH_FLAGS = ("fanouts", "batch_size", "macrobatch", "group_size", "sampler_workers",
-                   "prefetch", "cache_frac", "cache_policy", "replace", "replicate_graph",
-                   "sample_on", "features_on")
+                   "sample_in_bursts", "prefetch", "cache_frac", "cache_policy", "replace",
+                   "replicate_graph", "sample_on", "features_on")
 
 
 def add_minibatch_args(p: argparse.ArgumentParser) -> None:
@@ -36,8 +36,15 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                    help="minibatches sampled together whose input features are fetched once "
                         f"(default {HOST_MACROBATCH} where the host samples: a CPU run or "
                         "--sample-on host; 1 where the device may)")
-    b.add_argument("--sampler-workers", type=int, default=1,
-                   help="sampler threads per rank running ahead of the trainer")
+    b.add_argument("--sampler-workers", type=int, default=None,
+                   help="sampler threads per rank running ahead of the trainer (default 1; "
+                        "a one-process CPU run whose trainer has every core samples in "
+                        "bursts on as many threads as it has: --sample-in-bursts)")
+    b.add_argument("--sample-in-bursts", default=None, action=argparse.BooleanOptionalAction,
+                   help="sampler threads run only while the trainer waits, a macrobatch "
+                        "each, never beside its parallel products (default: on for a "
+                        "one-process CPU run whose trainer threads cover every core, else "
+                        "off)")
     b.add_argument("--prefetch", type=int, default=None,
                    help="macrobatches a rank's samplers may have ready ahead of the trainer "
                         "(default 2 at --macrobatch 1, else one per sampler worker)")
@@ -113,7 +120,8 @@ def pipeline_depth(macrobatch, prefetch, workers: int, host_samples: bool):
     K = 4 holds four minibatches ahead where K = 1 held two, and fetches the feature rows they
     share once (the peak memory of both is in ``docs/performance.md``)."""
     k = int(macrobatch) if macrobatch is not None else (HOST_MACROBATCH if host_samples else 1)
-    ahead = int(prefetch) if prefetch is not None else (2 if k == 1 else max(1, int(workers)))
+    workers = 1 if workers is None else int(workers)
+    ahead = int(prefetch) if prefetch is not None else (2 if k == 1 else max(1, workers))
     return k, ahead
 
 

@@ -22,8 +22,9 @@ tasks w, w+W, w+2W, … and for each one
 Task t may start only once the trainer has taken task t − D (``--prefetch D``), so at most
 D macrobatches wait ready and memory stays bounded; the trainer takes tasks in order, and
 the time it waits is ``stall_s``. A task depends only on (seed, epoch, rank, step), so
-blocks are the same for every W and D. A worker's feature fetches are collectives on its own
-communicator: worker w of every rank runs the same task sequence, so they pair up.
+blocks are the same for every W and D, in bursts or not (below). A worker's feature fetches
+are collectives on its own communicator: worker w of every rank runs the same task sequence,
+so they pair up.
 
 Threads, not processes: the samplers are numpy/torch code that releases the GIL in its
 array passes, the topology and features are shared without copies, and the collectives stay
@@ -38,6 +39,17 @@ ops) and the waits of its OpenMP threads, which :mod:`gnnpar` keeps from spinnin
 torch's thread count (that is per process). When the trainer has to wait for a macrobatch,
 its cores are idle and the workers get them at once (``stall_s``). On a GPU the workers keep
 their priority: there they feed the device, and the trainer mostly waits on it.
+
+In bursts (``ServiceConfig.burst``): when the trainer's threads already hold every core, a
+worker beside them takes a core from a parallel region (a GEMM, a compiled pass) whose other
+threads then wait for it at the region's end, so the trainer loses about the workers' whole
+CPU time, however low their priority. In burst mode the workers never run beside the trainer:
+tasks go in groups of W, and a group starts only when the trainer asks for its first task and
+blocks; the W workers then sample the group's W macrobatches at once, one per core, at normal
+priority, and the trainer steps through them with no sampler running. The trainer waits for
+every group (``stall_s`` counts it), but for the workers' CPU time divided by W, not all of
+it. :func:`gnnpar.sampling.setup.serial_parts` picks it for a one-process CPU run whose
+trainer has every core (``docs/performance.md`` has the measurement).
 
 On a GPU (``--device cuda``) the same workers feed the device without stopping it: with
 ``sampler="device"`` a macrobatch is sampled by torch kernels on the device
@@ -86,7 +98,9 @@ class ServiceConfig:
     samples each macrobatch when it needs it (the plain reference of the pipeline); nice:
     on a CPU run, each worker thread lowers its own OS priority to this niceness, 0-19
     (default 19, the lowest; 0 leaves it as the trainer's; Linux only, see the module
-    docstring)."""
+    docstring); burst: the workers sample groups of ``workers`` macrobatches only while the
+    trainer waits for one (module docstring), at the trainer's priority (``nice`` unused);
+    prefetch must then be at least ``workers``, so a group is sampled at once."""
 
     macrobatch: int = 1
     workers: int = 1
@@ -98,6 +112,7 @@ class ServiceConfig:
     draws: str = "hash"
     inline: bool = False
     nice: int = 19
+    burst: bool = False
 
     def __post_init__(self):
         if self.sampler not in SAMPLER_SITES:
@@ -110,6 +125,10 @@ class ServiceConfig:
                 raise InputError(f"{flag} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.nice <= 19:
             raise InputError(f"sampler niceness must be in 0..19, got {self.nice}")
+        if self.burst and self.prefetch < self.workers:
+            raise InputError(f"burst sampling holds a group of {self.workers} macrobatches "
+                             f"(one per worker): prefetch must be >= {self.workers}, got "
+                             f"{self.prefetch}")
 
 
 @dataclass
@@ -167,6 +186,7 @@ class _Shared:
     cond: threading.Condition = field(default_factory=threading.Condition)
     ready: Dict[int, _Macro] = field(default_factory=dict)
     taken: int = 0
+    released: int = 0  #: burst mode: the workers may start tasks below this one
     stop: bool = False
     error: Optional[BaseException] = None
 
@@ -240,6 +260,10 @@ class MacrobatchService:
         """Task ``t`` from the workers, waiting until it is ready."""
         sh = self._shared
         with sh.cond:
+            if self.cfg.burst and t >= sh.released:  # the group of task t starts now
+                w = self.cfg.workers
+                sh.released = (t // w + 1) * w
+                sh.cond.notify_all()
             while t not in sh.ready and sh.error is None:
                 sh.cond.wait()
             if sh.error is not None:
@@ -260,7 +284,7 @@ class MacrobatchService:
     # ------------------------------------------------------------------ worker side
     def _work(self, w: int, total: int) -> None:
         sh = self._shared
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and not self.cfg.burst:
             lower_thread_priority(self.cfg.nice)
         stager = Stager(self.device)
         with stager.context():  # its scratch arrays are made on the stream that uses them
@@ -268,7 +292,8 @@ class MacrobatchService:
         comm, axes = self.comms[w] if self.comms is not None else (None, None)
         for t in range(w, total, self.cfg.workers):
             with sh.cond:
-                while t >= sh.taken + self.cfg.prefetch and not sh.stop:
+                while (t >= sh.taken + self.cfg.prefetch
+                       or (self.cfg.burst and t >= sh.released)) and not sh.stop:
                     sh.cond.wait()
                 if sh.stop:
                     return

@@ -19,7 +19,7 @@ Commands::
 from __future__ import annotations
 
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from gnnpar.kernels.comm import Comm
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.kernels.local import as_tensor
 from gnnpar.serial import SerialRuntime
+from gnnpar.spawn import usable_cores
 from gnnpar.trainer import RuntimeCollectives
 
 from .bulk import BulkSampler
@@ -50,11 +51,37 @@ from .topology import Topology, gather_topology
 PROBE_STEPS = 32
 
 
-def _service_cfg(spec, device, placement: Placement) -> ServiceConfig:
-    k, ahead = pipeline_depth(spec.macrobatch, spec.prefetch, spec.sampler_workers,
+def _service_cfg(spec, device, placement: Placement, burst: bool = False,
+                 workers: Optional[int] = None) -> ServiceConfig:
+    """The service's settings: ``workers`` sampler threads (default ``--sampler-workers``,
+    else 1; a rank's count must be every rank's, one communicator each); with ``burst``,
+    sampling in bursts of that many macrobatches, holding at least that many ahead."""
+    workers = workers or spec.sampler_workers or 1
+    k, ahead = pipeline_depth(spec.macrobatch, spec.prefetch, workers,
                               host_samples=placement.sample_on == "host")
-    return ServiceConfig(macrobatch=k, workers=spec.sampler_workers, prefetch=ahead,
-                         seed=spec.seed, device=str(device), sampler=placement.sample_on)
+    return ServiceConfig(macrobatch=k, workers=workers,
+                         prefetch=max(ahead, workers) if burst else ahead, seed=spec.seed,
+                         device=str(device), sampler=placement.sample_on, burst=burst)
+
+
+def _serial_cfg(spec, device, placement: Placement) -> ServiceConfig:
+    """A one-process run's settings: in bursts (:func:`samples_in_bursts`) as many workers
+    as the trainer has threads, unless ``--sampler-workers`` says."""
+    if samples_in_bursts(spec, device, placement):
+        return _service_cfg(spec, device, placement, True,
+                            spec.sampler_workers or torch.get_num_threads())
+    return _service_cfg(spec, device, placement)
+
+
+def samples_in_bursts(spec, device, placement: Placement) -> bool:
+    """Whether a one-process run samples in bursts (:mod:`.service`): as
+    ``--sample-in-bursts`` says, else on the CPU, sampled by the host, with the trainer's
+    threads on every core this process may use (no core is left idle for workers running
+    beside it)."""
+    if spec.sample_in_bursts is not None:
+        return spec.sample_in_bursts
+    return (torch.device(device).type == "cpu" and placement.sample_on == "host"
+            and torch.get_num_threads() >= usable_cores())
 
 
 def _place(spec, device, topo, store, grouped: bool, lead: bool) -> Placement:
@@ -89,7 +116,7 @@ def serial_parts(spec, graph: Graph, norm: str, device) -> MiniBatchParts:
     plan = EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch_size, spec.seed)
     service = MacrobatchService(topo, store, plan,
                                 SamplerConfig(spec.fanouts, norm, spec.replace),
-                                _service_cfg(spec, device, placement),
+                                _serial_cfg(spec, device, placement),
                                 torch.as_tensor(np.asarray(graph.y, np.int64)))
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0,
             "sample_on": placement.sample_on, "features_on": placement.features_on}
@@ -148,22 +175,20 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device) -> MiniBat
         table, _ = store.fetch(ids, comm, "data", use_cache=False)
     store.set_cache(ids, table.remote_rows)
     placement = _place(spec, device, topo, store, group is not None, rank == 0)
-    workers = [(Comm(ProcessGrid.create({"data": world})), "data")
-               for _ in range(spec.sampler_workers)]
+    cfg = _service_cfg(spec, device, placement, bool(spec.sample_in_bursts))
+    workers = [(Comm(ProcessGrid.create({"data": world})), "data") for _ in range(cfg.workers)]
     eval_runtime = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
     setup_bytes, _, _ = comm.reset()
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
             "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes(),
             "sample_on": placement.sample_on, "features_on": placement.features_on}
     if group is None:
-        service = MacrobatchService(topo, store, plan, sampler,
-                                    _service_cfg(spec, device, placement),
+        service = MacrobatchService(topo, store, plan, sampler, cfg,
                                     as_tensor(shard.y, np.int64), workers)
         engine = DataParallel(comm, "data")
     else:
-        service = GroupedService(topo, store, plan, sampler,
-                                 _service_cfg(spec, device, placement),
-                                 (seeds, labels), workers, group.me, group.g, group.offset)
+        service = GroupedService(topo, store, plan, sampler, cfg, (seeds, labels), workers,
+                                 group.me, group.g, group.offset)
         engine = group.engine(norm, device)
         setup_bytes += group.comm.reset()[0]
         info["layout"] = group.fields()
