@@ -153,11 +153,14 @@ def _dp_body(rank, world, extra):
 
 def test_data_parallel_device_sampler_same_losses_however_pipelined():
     """Two ranks, remote feature rows fetched per macrobatch from device-sampled ids (cache
-    on): one worker, no lookahead, K = 1 versus three workers, K = 3 — same losses."""
+    on): one worker, no lookahead, K = 1 versus three workers, K = 3, versus two workers
+    sampling in bursts (their fetches still pair up across the ranks) — same losses."""
     a = spawn(_dp_body, 2, args=(["--sampler-workers", "1", "--prefetch", "1"],))
     b = spawn(_dp_body, 2, args=(["--sampler-workers", "3", "--prefetch", "2",
                                   "--macrobatch", "3"],))
-    assert a[0][0] == a[1][0] == b[0][0] == b[1][0]
+    c = spawn(_dp_body, 2, args=(["--sampler-workers", "2", "--macrobatch", "2",
+                                  "--sample-in-bursts"],))
+    assert a[0][0] == a[1][0] == b[0][0] == b[1][0] == c[0][0] == c[1][0]
     assert a[0][1] == "device"
     assert sum(a[0][2]) > 0  # rows really crossed ranks
 
