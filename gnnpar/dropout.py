@@ -148,6 +148,14 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     return _Dropout.apply(x, p)
 
 
+def mask_units(p: float):
+    """``(drop threshold in 1/65536 units, scale of the kept elements)`` of drop probability
+    ``p`` (checked): what the passes here draw their masks with, for a kernel elsewhere
+    that drops alike (the sampler's feature copy, :mod:`gnnpar.sampling.row_gather`)."""
+    _check(p)
+    return _units(p)
+
+
 def relu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``dropout(relu(x), p, training)``; one compiled pass each way on CPUs (float32)."""
     if not training or p == 0.0:

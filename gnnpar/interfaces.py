@@ -97,12 +97,22 @@ class LayerOps:
     (input layer) first. A model indexes by layer and never needs to know which: the
     trainers hand every model (``gnnpar.models.GNN`` and a ``--model package.module:factory``
     one alike) a ``LayerOps``. ``layers``: the operators' count when there is one a layer,
-    else None. Made from an operator, a list of them, or another ``LayerOps``."""
+    else None. Made from an operator, a list of them, or another ``LayerOps`` (whose
+    ``input_dropout`` it keeps unless given).
 
-    def __init__(self, ops):
+    ``input_dropout``: the drop probability the input features already went through
+    (inverted dropout by the mini-batch sampler as it assembled the minibatch,
+    :mod:`gnnpar.sampling.service`), so a model must not drop them again; None when they
+    did not. :class:`gnnpar.models.GNN` honours it; a model of one's own is never handed
+    dropped features (the sampler drops them only for ``GNN``)."""
+
+    def __init__(self, ops, input_dropout: Optional[float] = None):
         if isinstance(ops, LayerOps):
+            if input_dropout is None:
+                input_dropout = ops.input_dropout
             ops = ops._ops
         self._ops = list(ops) if isinstance(ops, (list, tuple)) else ops
+        self.input_dropout = input_dropout
 
     @property
     def layers(self) -> Optional[int]:

@@ -191,11 +191,23 @@ class GNN(nn.Module):
         widths = [f_in] + [hidden] * (layers - 1) + [f_out]
         self.layers = nn.ModuleList(layer(a, b) for a, b in zip(widths[:-1], widths[1:]))
 
+    def _input(self, ops: LayerOps, x: torch.Tensor) -> torch.Tensor:
+        """The first layer's input: ``x`` after this model's dropout, or ``x`` itself when
+        the sampler has dropped it already (``ops.input_dropout``, with this model's p)."""
+        done = ops.input_dropout
+        if done is None:
+            return dropout(x, self.dropout, self.training)
+        if not self.training or done != self.dropout:
+            raise ValueError(f"the input features come dropped with p={done}, but the model "
+                             f"{'evaluates' if not self.training else 'drops'} with "
+                             f"p={self.dropout if self.training else 0}")
+        return x
+
     def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
         ops = LayerOps(ops)
         if ops.layers is not None and ops.layers != len(self.layers):
             raise ValueError(f"got {ops.layers} operators for {len(self.layers)} layers")
-        h = dropout(x, self.dropout, self.training)
+        h = self._input(ops, x)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             op = ops[i]

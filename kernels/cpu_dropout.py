@@ -86,10 +86,17 @@ def _compiled():
     the hash it inlines are module-level (:func:`gnnpar.kernels.jit.compile_module`),
     so numba's disk cache finds the pass again."""
     import numba
-    compile_module(__name__, ("splitmix",), inline="always")
+    compile_hash()
     kernels = compile_module(__name__, ("masked_scale_pass",), parallel=True, cache=True,
                              nogil=True)
     return numba, kernels.masked_scale_pass
+
+
+def compile_hash() -> None:
+    """Set ``splitmix``, the mask's hash, compiled to be inlined: by this module's pass and
+    by other modules' kernels that drop with the same mask (the sampler's feature copy,
+    :mod:`gnnpar.sampling.row_gather`), which call it as ``cpu_dropout.splitmix``."""
+    compile_module(__name__, ("splitmix",), inline="always")
 
 
 #: dtypes the pass serves; bf16/fp16 (``--precision bf16``) go through a float32 copy, so a

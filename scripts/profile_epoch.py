@@ -190,6 +190,7 @@ def mb_kind(event) -> str:
 def step_phases(model, opt, engine, batch, global_count, precision, clock):
     """:func:`gnnpar.sampling.loop.train_step`, phase by phase: adds each phase's seconds to
     ``clock`` (the same calls in the same order)."""
+    from gnnpar.interfaces import LayerOps
     from gnnpar.loss import summed_cross_entropy
     from gnnpar.precision import autocast, matmuls
     t0 = time.perf_counter()
@@ -197,7 +198,7 @@ def step_phases(model, opt, engine, batch, global_count, precision, clock):
     with matmuls(precision):
         t1 = time.perf_counter()
         with autocast(precision, batch.x.device):
-            out = model(engine.operators(batch), batch.x)
+            out = model(LayerOps(engine.operators(batch), batch.x_dropout), batch.x)
         t2 = time.perf_counter()
         loss = summed_cross_entropy(out, batch.y)
         scaled = loss / max(global_count, 1)

@@ -38,7 +38,7 @@ import torch
 
 from gnnpar.kernels.local import as_tensor
 
-from .row_gather import gather_groups, gather_rows, new_rows
+from .row_gather import compiled_for, gather_groups, gather_rows, new_rows
 from .topology import index_dtype
 
 
@@ -216,15 +216,25 @@ class MacroFeatures:
         gather_rows(self.remote_rows, np.searchsorted(self.remote_ids, ids[at]), None, out, at)
         return out
 
-    def gather_all(self, id_lists) -> list:
+    def gather_all(self, id_lists, drop=None) -> list:
         """``[self.gather(ids) for ids in id_lists]`` (a macrobatch's minibatches). With
         every row here and on the host, one pass in row order copies them all
         (:func:`~gnnpar.sampling.row_gather.gather_groups`): a row that several minibatches
-        need is read from memory once."""
+        need is read from memory once. ``drop``: ``(seeds, p)``, each list's rows dropped
+        on the way (``gather_groups``); only where :meth:`can_drop` says."""
         st = self.store
-        if self.remote_ids.size or any(isinstance(ids, torch.Tensor) for ids in id_lists):
+        if drop is not None and not self.can_drop(id_lists):
+            raise ValueError("these rows cannot be dropped on the way (can_drop)")
+        if drop is None and (self.remote_ids.size
+                             or any(isinstance(ids, torch.Tensor) for ids in id_lists)):
             return [self.gather(ids) for ids in id_lists]
-        return gather_groups(st.x, id_lists, st.local_index)
+        return gather_groups(st.x, id_lists, st.local_index, drop)
+
+    def can_drop(self, id_lists) -> bool:
+        """Whether :meth:`gather_all` can drop the rows of ``id_lists`` as it copies them:
+        every row in this rank's table, host ids, the compiled copy."""
+        return (not self.remote_ids.size and compiled_for(self.store.x)
+                and not any(isinstance(ids, torch.Tensor) for ids in id_lists))
 
     def _gather_on_device(self, ids: torch.Tensor) -> torch.Tensor:
         st = self.store

@@ -100,7 +100,7 @@ def train_step(model, opt, engine, batch, global_count: int, precision: str = "f
     opt.zero_grad(set_to_none=True)
     with matmuls(precision):
         with autocast(precision, batch.x.device):
-            out = model(LayerOps(engine.operators(batch)), batch.x)
+            out = model(LayerOps(engine.operators(batch), batch.x_dropout), batch.x)
         loss = summed_cross_entropy(out, batch.y)
         (loss / max(global_count, 1)).backward()
     engine.sync_grads(model.parameters())

@@ -44,6 +44,15 @@ def batch_rng(seed: int, epoch: int, stream: int, step: int) -> np.random.Genera
         [int(seed), int(epoch), int(stream), int(step)])))
 
 
+def input_dropout_seed(seed: int, epoch: int, stream: int, step: int) -> int:
+    """The seed of one minibatch's input-feature dropout mask (:mod:`gnnpar.dropout`'s hash
+    mask), in [0, 2⁶²) as the ones a model draws: like :func:`batch_rng`, a function of
+    (seed, epoch, stream, step) only, from a seed sequence of its own (a fifth word), so it
+    does not repeat the sampler's draws and a resumed run draws it again alike."""
+    state = np.random.SeedSequence([int(seed), int(epoch), int(stream), int(step), 1])
+    return int(state.generate_state(1, np.uint64)[0] >> np.uint64(2))
+
+
 def parse_fanouts(text) -> Tuple[int, ...]:
     """``"15,10,5"`` (or a sequence) → (15, 10, 5); each −1 (all) or ≥ 0."""
     try:

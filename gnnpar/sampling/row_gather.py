@@ -50,6 +50,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
+from gnnpar.dropout import mask_units
+from gnnpar.kernels import cpu_dropout
 from gnnpar.kernels.jit import compile_module
 
 from . import fast
@@ -100,12 +102,23 @@ def gather_rows(src: torch.Tensor, ids: np.ndarray, index: Optional[np.ndarray] 
 
 
 def gather_groups(src: torch.Tensor, id_lists: Sequence[np.ndarray],
-                  index: Optional[np.ndarray] = None) -> List[torch.Tensor]:
+                  index: Optional[np.ndarray] = None, drop=None) -> List[torch.Tensor]:
     """``[gather_rows(src, ids, index) for ids in id_lists]``, copied in one pass in row
     order: the entries of all lists are counting-sorted by row (buckets of ``2**shift`` rows,
     at most about four buckets per entry), so a row that several lists hold is read from
-    memory once and then from the cache, and the table is read front to back."""
-    if len(id_lists) < 2 or not compiled_for(src):
+    memory once and then from the cache, and the table is read front to back.
+
+    ``drop``: ``(seeds, p)``, one seed per list: each output under inverted dropout with
+    the hash mask of its seed (:func:`gnnpar.dropout.dropout`'s mask and select for that
+    seed, bit for bit), applied as the rows are copied — no pass of its own. Only where
+    the compiled copy runs (:func:`compiled_for`); ValueError elsewhere."""
+    if drop is not None:
+        if not compiled_for(src):
+            raise ValueError("dropout on the way needs the compiled copy (numba, a "
+                             "contiguous float32 CPU table)")
+        if len(drop[0]) != len(id_lists):
+            raise ValueError(f"{len(drop[0])} dropout seeds for {len(id_lists)} lists")
+    elif len(id_lists) < 2 or not compiled_for(src):
         return [gather_rows(src, ids, index) for ids in id_lists]
     flat = np.concatenate([np.asarray(ids, np.int64) for ids in id_lists])
     rows = index[flat] if index is not None else flat
@@ -119,8 +132,14 @@ def gather_groups(src: torch.Tensor, id_lists: Sequence[np.ndarray],
     shift = max(0, (m - 1).bit_length() - (4 * flat.shape[0]).bit_length())
     kernels = _kernel()
     order = kernels.order(rows, shift, (m - 1 >> shift) + 1)
-    kernels.copy_groups(src.numpy(), rows, tuple(o.numpy() for o in outs), cut, order,
-                        DISTANCE, _streams(src, outs))
+    args = (src.numpy(), rows, tuple(o.numpy() for o in outs), cut, order, DISTANCE,
+            _streams(src, outs))
+    if drop is None:
+        kernels.copy_groups(*args)
+    else:
+        units, scale = mask_units(drop[1])
+        kernels.copy_groups_dropped(*args, np.asarray(drop[0], np.uint64), np.uint64(units),
+                                    np.float32(scale))
     return outs
 
 
@@ -261,6 +280,7 @@ def _check_rows(rows: np.ndarray, m: int) -> None:
 
 # the compiled passes and the intrinsics they use, set by _kernel()
 prefetch = stream16 = store_fence = copy_row = prefetch_row = copy = order = copy_groups = None
+masked_row = copy_groups_dropped = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -274,10 +294,11 @@ def _kernel():
     except ImportError:
         return None
     compile_module(__name__, ("prefetch", "stream16", "store_fence"), wrap=intrinsic)
-    compile_module(__name__, ("copy_row", "prefetch_row"), inline="always", nogil=True,
-                   boundscheck=False)
-    kernels = compile_module(__name__, ("copy", "order", "copy_groups"), cache=True, nogil=True,
-                             boundscheck=False)
+    cpu_dropout.compile_hash()
+    compile_module(__name__, ("copy_row", "prefetch_row", "masked_row"), inline="always",
+                   nogil=True, boundscheck=False)
+    kernels = compile_module(__name__, ("copy", "order", "copy_groups", "copy_groups_dropped"),
+                             cache=True, nogil=True, boundscheck=False)
     try:  # an LLVM that names an intrinsic otherwise: index_select instead
         probe = np.zeros((2, 16), np.float32)
         kernels.copy(probe, np.zeros(1, np.int64), probe, np.zeros(0, np.int64), 1, False)
@@ -384,6 +405,22 @@ def _order(rows, shift, buckets):  # pragma: no cover - compiled
     return order
 
 
+def _masked_row(buf, lanes, words, src, r, o, seed, drop_units, scale):  # pragma: no cover
+    # buf[0] = output row o of src[r] under inverted dropout: element j of it is flat
+    # element o·f + j of its minibatch's input, kept by the lanes of the flat pass of
+    # gnnpar.kernels.cpu_dropout (lane k of hash g is flat element 4g + k), the same select
+    f = src.shape[1]
+    lo = o * f
+    g0 = lo // 4
+    for g in range((lo + f - 4 * g0 + 3) // 4):
+        words[g] = cpu_dropout.splitmix(seed, g0 + g)
+    off = lo - 4 * g0
+    du = np.uint16(drop_units)
+    zero = np.float32(0.0)
+    for j in range(f):
+        buf[0, j] = src[r, j] * scale if lanes[off + j] >= du else zero
+
+
 def _copy_groups(src, rows, outs, cut, order, distance, stream):  # pragma: no cover
     # entry e (of list b: cut[b] <= e < cut[b+1]) goes to row e - cut[b] of outs[b]
     n = rows.shape[0]
@@ -397,5 +434,28 @@ def _copy_groups(src, rows, outs, cut, order, distance, stream):  # pragma: no c
         e = order[p]
         b = which[e]
         copy_row(outs[b], e - cut[b], src, rows[e], stream)
+    if stream:
+        store_fence()
+
+
+def _copy_groups_dropped(src, rows, outs, cut, order, distance, stream, seeds, drop_units,
+                         scale):  # pragma: no cover - compiled
+    # _copy_groups, each row under list b's dropout mask (seed seeds[b]) on its way out
+    n = rows.shape[0]
+    which = np.empty(n, np.int32)
+    for b in range(len(outs)):
+        for e in range(cut[b], cut[b + 1]):
+            which[e] = b
+    f = src.shape[1]
+    buf = np.empty((1, f), np.float32)
+    lanes = np.empty(4 * (f // 4 + 2), np.uint16)
+    words = lanes.view(np.uint64)
+    for p in range(n):
+        if p + distance < n:
+            prefetch_row(src, rows[order[p + distance]])
+        e = order[p]
+        b = which[e]
+        masked_row(buf, lanes, words, src, rows[e], e - cut[b], seeds[b], drop_units, scale)
+        copy_row(outs[b], e - cut[b], buf, 0, stream)
     if stream:
         store_fence()

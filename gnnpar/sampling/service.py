@@ -12,7 +12,13 @@ tasks w, w+W, w+2W, … and for each one
    its own inputs, with larger K a row shared by several minibatches moves once);
 3. copies the K minibatches' input features out of that table in one pass in row order
    (:meth:`~gnnpar.sampling.features.MacroFeatures.gather_all`, :mod:`.row_gather`) and
-   assembles ready minibatches: SpMM operators of the blocks, input features, seed labels.
+   assembles ready minibatches: SpMM operators of the blocks, input features, seed labels;
+   with ``input_dropout`` (``ServiceConfig``) that copy drops the features on the way,
+   with a mask seed of (seed, epoch, stream, step), and the model skips its own input
+   dropout (``ReadyBatch.x_dropout``): a pass over the step's largest tensor and a fresh
+   tensor of its size less in every step, for a hash per four elements in the copy
+   (``docs/performance.md`` has the measurement). Where the copy cannot (remote rows, no
+   numba) the model drops them as before.
    A block's Âᵀ (the backward product's operator) is built here too, except the input
    block's: its features need no gradient unless the model applies a weight before the
    product, so it is deferred to the first backward pass that asks for it
@@ -77,7 +83,7 @@ from .blocks import Block, Relabeler, block_operators
 from .bulk import BulkSampler
 from .device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
 from .draws import DRAWS
-from .neighbor import NeighborSampler, SamplerConfig, batch_rng
+from .neighbor import NeighborSampler, SamplerConfig, batch_rng, input_dropout_seed
 from .seeds import EpochPlan
 from .staging import Stager, concrete_device, take
 
@@ -98,9 +104,12 @@ class ServiceConfig:
     samples each macrobatch when it needs it (the plain reference of the pipeline); nice:
     on a CPU run, each worker thread lowers its own OS priority to this niceness, 0-19
     (default 19, the lowest; 0 leaves it as the trainer's; Linux only, see the module
-    docstring); burst: the workers sample groups of ``workers`` macrobatches only while the
-    trainer waits for one (module docstring), at the trainer's priority (``nice`` unused);
-    prefetch must then be at least ``workers``, so a group is sampled at once."""
+    docstring); input_dropout: drop probability applied to each minibatch's input features
+    as they are copied (0: none; only where the compiled copy serves them, else the model
+    drops them; set for :class:`gnnpar.models.GNN` only, which skips its own input
+    dropout then); burst: the workers sample groups of ``workers`` macrobatches only while
+    the trainer waits for one (module docstring), at the trainer's priority (``nice``
+    unused); prefetch must then be at least ``workers``, so a group is sampled at once."""
 
     macrobatch: int = 1
     workers: int = 1
@@ -113,6 +122,7 @@ class ServiceConfig:
     inline: bool = False
     nice: int = 19
     burst: bool = False
+    input_dropout: float = 0.0
 
     def __post_init__(self):
         if self.sampler not in SAMPLER_SITES:
@@ -125,6 +135,8 @@ class ServiceConfig:
                 raise InputError(f"{flag} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.nice <= 19:
             raise InputError(f"sampler niceness must be in 0..19, got {self.nice}")
+        if not 0.0 <= self.input_dropout < 1.0:
+            raise InputError(f"input dropout must be in [0, 1), got {self.input_dropout}")
         if self.burst and self.prefetch < self.workers:
             raise InputError(f"burst sampling holds a group of {self.workers} macrobatches "
                              f"(one per worker): prefetch must be >= {self.workers}, got "
@@ -139,7 +151,9 @@ class ReadyBatch:
     group sharing the minibatch holds only its part: ``shards`` (one
     :class:`~gnnpar.kernels.bipartite.BlockShard` per layer, its engine builds the operators),
     x its owned input rows, y the labels of its owned seeds; ``ops`` is None. ``ready``: the
-    CUDA event after which its tensors are on the device (:mod:`.staging`), None elsewhere."""
+    CUDA event after which its tensors are on the device (:mod:`.staging`), None elsewhere.
+    ``x_dropout``: the drop probability ``x`` already went through (``input_dropout``),
+    else None."""
 
     epoch: int
     step: int
@@ -150,6 +164,7 @@ class ReadyBatch:
     y: torch.Tensor
     shards: Optional[list] = None
     ready: Optional[object] = None
+    x_dropout: Optional[float] = None
 
 
 @dataclass
@@ -362,9 +377,15 @@ class MacrobatchService:
             unique_input_nodes=fetched.unique, remote_rows=fetched.remote,
             cache_hits=fetched.cache_hits, feat_bytes=after[0] - before[0],
             comm_bytes=after[1] - before[1])
-        xs = table.gather_all([sh.input_ids for sh in shares])
+        ids = [sh.input_ids for sh in shares]
+        p = self.cfg.input_dropout if table.can_drop(ids) else 0.0
+        drop = None if not p else (
+            [input_dropout_seed(self.cfg.seed, epoch, plan.stream, s) for s in steps], p)
+        xs = table.gather_all(ids, drop)
         ready = [self.assemble(epoch, s, sd, bl, sh, x, stager)
                  for s, sd, bl, sh, x in zip(steps, seeds, blocks, shares, xs)]
+        for b in ready:
+            b.x_dropout = p or None
         stats.sampler_s = time.perf_counter() - t0
         return _Macro(ready, stats)
 

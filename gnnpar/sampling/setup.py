@@ -52,25 +52,28 @@ PROBE_STEPS = 32
 
 
 def _service_cfg(spec, device, placement: Placement, burst: bool = False,
-                 workers: Optional[int] = None) -> ServiceConfig:
+                 workers: Optional[int] = None, input_dropout: float = 0.0) -> ServiceConfig:
     """The service's settings: ``workers`` sampler threads (default ``--sampler-workers``,
     else 1; a rank's count must be every rank's, one communicator each); with ``burst``,
-    sampling in bursts of that many macrobatches, holding at least that many ahead."""
+    sampling in bursts of that many macrobatches, holding at least that many ahead;
+    ``input_dropout``: the model's input dropout, done by the sampler (``ServiceConfig``)."""
     workers = workers or spec.sampler_workers or 1
     k, ahead = pipeline_depth(spec.macrobatch, spec.prefetch, workers,
                               host_samples=placement.sample_on == "host")
     return ServiceConfig(macrobatch=k, workers=workers,
                          prefetch=max(ahead, workers) if burst else ahead, seed=spec.seed,
-                         device=str(device), sampler=placement.sample_on, burst=burst)
+                         device=str(device), sampler=placement.sample_on, burst=burst,
+                         input_dropout=input_dropout)
 
 
-def _serial_cfg(spec, device, placement: Placement) -> ServiceConfig:
+def _serial_cfg(spec, device, placement: Placement, input_dropout: float = 0.0
+                ) -> ServiceConfig:
     """A one-process run's settings: in bursts (:func:`samples_in_bursts`) as many workers
     as the trainer has threads, unless ``--sampler-workers`` says."""
     if samples_in_bursts(spec, device, placement):
         return _service_cfg(spec, device, placement, True,
-                            spec.sampler_workers or torch.get_num_threads())
-    return _service_cfg(spec, device, placement)
+                            spec.sampler_workers or torch.get_num_threads(), input_dropout)
+    return _service_cfg(spec, device, placement, input_dropout=input_dropout)
 
 
 def samples_in_bursts(spec, device, placement: Placement) -> bool:
@@ -107,8 +110,11 @@ class MiniBatchParts(NamedTuple):
     info: dict  #: setup facts for the final record (``layout``: extra log fields)
 
 
-def serial_parts(spec, graph: Graph, norm: str, device) -> MiniBatchParts:
-    """One process, the whole graph in memory."""
+def serial_parts(spec, graph: Graph, norm: str, device, input_dropout: float = 0.0
+                 ) -> MiniBatchParts:
+    """One process, the whole graph in memory. ``input_dropout``: the model's input dropout
+    when the sampler may do it for the model (``ServiceConfig.input_dropout``: a
+    :class:`gnnpar.models.GNN`), else 0."""
     topo = Topology.from_graph(graph, (norm,))
     store = FeatureStore.local(graph.x)
     placement = _place(spec, device, topo, store, False, True)
@@ -116,7 +122,7 @@ def serial_parts(spec, graph: Graph, norm: str, device) -> MiniBatchParts:
     plan = EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch_size, spec.seed)
     service = MacrobatchService(topo, store, plan,
                                 SamplerConfig(spec.fanouts, norm, spec.replace),
-                                _serial_cfg(spec, device, placement),
+                                _serial_cfg(spec, device, placement, input_dropout),
                                 torch.as_tensor(np.asarray(graph.y, np.int64)))
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0,
             "sample_on": placement.sample_on, "features_on": placement.features_on}
@@ -138,8 +144,10 @@ class _EvalRuntime(RuntimeCollectives):
                       for s in SPLITS}
 
 
-def build_rank(rank: int, world: int, shard, spec, norm: str, device) -> MiniBatchParts:
-    """Everything rank ``rank`` needs but the model.
+def build_rank(rank: int, world: int, shard, spec, norm: str, device,
+               input_dropout: float = 0.0) -> MiniBatchParts:
+    """Everything rank ``rank`` needs but the model (``input_dropout``: as
+    :func:`serial_parts`; data parallel only: a group's ranks each hold part of the input).
 
     ``spec.algo`` other than ``serial`` splits the ranks into groups that each run one sampled
     subgraph on a distributed SpMM (:mod:`~gnnpar.sampling.grouped`)."""
@@ -175,7 +183,8 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device) -> MiniBat
         table, _ = store.fetch(ids, comm, "data", use_cache=False)
     store.set_cache(ids, table.remote_rows)
     placement = _place(spec, device, topo, store, group is not None, rank == 0)
-    cfg = _service_cfg(spec, device, placement, bool(spec.sample_in_bursts))
+    cfg = _service_cfg(spec, device, placement, bool(spec.sample_in_bursts),
+                       input_dropout=input_dropout if group is None else 0.0)
     workers = [(Comm(ProcessGrid.create({"data": world})), "data") for _ in range(cfg.workers)]
     eval_runtime = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
     setup_bytes, _, _ = comm.reset()
