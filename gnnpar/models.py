@@ -236,3 +236,13 @@ def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, drop
     if is_custom(kind):
         return build_custom(kind, f_in, hidden, f_out, layers, dropout)
     return GNN(kind, f_in, hidden, f_out, layers, dropout, heads, attn_dropout)
+
+
+def sampler_input_dropout(model, device) -> float:
+    """The input dropout the mini-batch sampler does for ``model`` on a CPU run, as it
+    copies the features (:mod:`gnnpar.sampling.service`): a :class:`GNN`'s p (it skips its
+    own then, :class:`~gnnpar.interfaces.LayerOps`); 0 for a model of one's own, and on a
+    GPU, whose one-pass dropout there is cheap."""
+    if not isinstance(model, GNN) or torch.device(device).type != "cpu":
+        return 0.0
+    return float(model.dropout)

@@ -28,7 +28,7 @@ from .distributed import DistRuntime
 from .interfaces import Shard
 from .logged import holding_log, train_logged
 from .memory import RankMemory, array_bytes, halo_row_bytes, local_current_bytes
-from .models import GNN, build_model
+from .models import build_model, sampler_input_dropout
 from .resume import Checkpointing, run_meta
 from .sampling.draws import HASH_GENERATOR
 from .sampling.loop import fit_minibatch
@@ -155,22 +155,14 @@ def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optiona
                       halo_row_bytes(shard.n_halo, widths, spec.precision))
 
 
-def _input_dropout(model, device) -> float:
-    """The input dropout the sampler does for ``model`` on a CPU run: a :class:`GNN`'s (it
-    skips its own then, :class:`~gnnpar.interfaces.LayerOps`); 0 for a model of one's own,
-    and on a GPU, whose one-pass dropout is cheap beside a host pass in the sampler."""
-    if not isinstance(model, GNN) or torch.device(device).type != "cpu":
-        return 0.0
-    return float(model.dropout)
-
-
 def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
     memory = None
     if isinstance(data, Graph):
-        parts = serial_parts(spec, data, model.norm, device, _input_dropout(model, device))
+        parts = serial_parts(spec, data, model.norm, device,
+                             sampler_input_dropout(model, device))
     else:
         parts = build_rank(rank, world, data, spec, model.norm, device,
-                           _input_dropout(model, device))
+                           sampler_input_dropout(model, device))
         if parts.engine.reducer.world == world:  # every rank's peak, against its baseline
             memory = RankMemory(rank, world, device, baseline)
     info = parts.info

@@ -219,7 +219,7 @@ def minibatch(a) -> int:
     """``--mode minibatch`` (module docstring)."""
     import dataclasses
 
-    from gnnpar.models import build_model
+    from gnnpar.models import build_model, sampler_input_dropout
     from gnnpar.options import build_parser
     try:
         from gnnpar.sampling.blocks import block_operators
@@ -246,7 +246,7 @@ def minibatch(a) -> int:
     torch.manual_seed(spec.seed)
     model = build_model(spec.model, g.num_features, spec.hidden, g.num_classes, spec.layers,
                         spec.dropout).to(device)
-    parts = serial_parts(spec, g, model.norm, device)
+    parts = serial_parts(spec, g, model.norm, device, sampler_input_dropout(model, device))
     service, engine = parts.service, parts.engine
     service.cfg = dataclasses.replace(service.cfg, inline=True)  # sampled by this thread
     opt = make_optimizer(model, TrainConfig(precision=spec.precision))

@@ -12,8 +12,7 @@ from gnnpar import models
 from gnnpar.dropout import _units
 from gnnpar.interfaces import LayerOps
 from gnnpar.kernels import cpu_dropout
-from gnnpar.models import GNN
-from gnnpar.rank import _input_dropout
+from gnnpar.models import GNN, sampler_input_dropout
 from gnnpar.sampling import row_gather
 from gnnpar.sampling.loop import DataParallel, train_step
 from gnnpar.sampling.neighbor import input_dropout_seed
@@ -112,12 +111,12 @@ def test_gnn_refuses_features_dropped_with_another_p_or_while_evaluating():
 
 
 def test_the_setup_hands_the_sampler_a_gnn_p_only():
-    assert _input_dropout(GNN("sage", 5, 8, 3, 2, 0.25), "cpu") == 0.25
-    assert _input_dropout(GNN("sage", 5, 8, 3, 2, 0.25), "cuda") == 0.0
+    assert sampler_input_dropout(GNN("sage", 5, 8, 3, 2, 0.25), "cpu") == 0.25
+    assert sampler_input_dropout(GNN("sage", 5, 8, 3, 2, 0.25), "cuda") == 0.0
 
     class Own(torch.nn.Module):
         dropout = 0.5
-    assert _input_dropout(Own(), "cpu") == 0.0
+    assert sampler_input_dropout(Own(), "cpu") == 0.0
     with pytest.raises(Exception, match="input dropout"):
         ServiceConfig(input_dropout=1.0)
     np.testing.assert_array_equal(input_dropout_seed(1, 2, 3, 4), input_dropout_seed(1, 2, 3, 4))
