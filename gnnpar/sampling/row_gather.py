@@ -15,7 +15,10 @@ row's first miss and reads a shared row from memory once per minibatch. So:
   copies the current one, so several rows' misses are in flight;
 - rows are written with non-temporal 64-byte stores (whole 64-byte pieces into 64-byte
   aligned outputs, else plain stores): the outputs are far larger than the caches, and a
-  plain store first reads the line it overwrites.
+  plain store first reads the line it overwrites;
+- with ``drop`` each row goes out under its minibatch's input-dropout mask (a row buffer of
+  the kept values, one hash per four elements): the model's pass over the whole input, and
+  the fresh tensor it writes, are saved for that.
 
 Outputs come from a per-thread :class:`OutputPool`: a fresh output of a few MB per
 minibatch page-faults on first write, and the allocator maps new pages for most of them
@@ -280,7 +283,7 @@ def _check_rows(rows: np.ndarray, m: int) -> None:
 
 # the compiled passes and the intrinsics they use, set by _kernel()
 prefetch = stream16 = store_fence = copy_row = prefetch_row = copy = order = copy_groups = None
-masked_row = copy_groups_dropped = None
+masked_row = lists_of = copy_groups_dropped = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -295,8 +298,8 @@ def _kernel():
         return None
     compile_module(__name__, ("prefetch", "stream16", "store_fence"), wrap=intrinsic)
     cpu_dropout.compile_hash()
-    compile_module(__name__, ("copy_row", "prefetch_row", "masked_row"), inline="always",
-                   nogil=True, boundscheck=False)
+    compile_module(__name__, ("copy_row", "prefetch_row", "masked_row", "lists_of"),
+                   inline="always", nogil=True, boundscheck=False)
     kernels = compile_module(__name__, ("copy", "order", "copy_groups", "copy_groups_dropped"),
                              cache=True, nogil=True, boundscheck=False)
     try:  # an LLVM that names an intrinsic otherwise: index_select instead
@@ -421,13 +424,19 @@ def _masked_row(buf, lanes, words, src, r, o, seed, drop_units, scale):  # pragm
         buf[0, j] = src[r, j] * scale if lanes[off + j] >= du else zero
 
 
+def _lists_of(cut, n):  # pragma: no cover - compiled
+    # which[e] = b for the entries e of list b (cut[b] <= e < cut[b+1])
+    which = np.empty(n, np.int32)
+    for b in range(cut.shape[0] - 1):
+        for e in range(cut[b], cut[b + 1]):
+            which[e] = b
+    return which
+
+
 def _copy_groups(src, rows, outs, cut, order, distance, stream):  # pragma: no cover
     # entry e (of list b: cut[b] <= e < cut[b+1]) goes to row e - cut[b] of outs[b]
     n = rows.shape[0]
-    which = np.empty(n, np.int32)
-    for b in range(len(outs)):
-        for e in range(cut[b], cut[b + 1]):
-            which[e] = b
+    which = lists_of(cut, n)
     for p in range(n):
         if p + distance < n:
             prefetch_row(src, rows[order[p + distance]])
@@ -442,10 +451,7 @@ def _copy_groups_dropped(src, rows, outs, cut, order, distance, stream, seeds, d
                          scale):  # pragma: no cover - compiled
     # _copy_groups, each row under list b's dropout mask (seed seeds[b]) on its way out
     n = rows.shape[0]
-    which = np.empty(n, np.int32)
-    for b in range(len(outs)):
-        for e in range(cut[b], cut[b + 1]):
-            which[e] = b
+    which = lists_of(cut, n)
     f = src.shape[1]
     buf = np.empty((1, f), np.float32)
     lanes = np.empty(4 * (f // 4 + 2), np.uint16)
