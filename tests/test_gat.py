@@ -218,9 +218,9 @@ def test_readme_attention_layer_equals_serial_on_every_kind_of_operator(algo, wo
     outs = spawn(gat_equivalence, world, args=(algo, 41, world == 3, "random", 2, dims,
                                                replication, kw, "readme"), timeout_s=240)
     for rank, out in enumerate(outs):
-        # the key bias's gradient is zero (a softmax does not see a row's constant shift), so
-        # each tensor's error is measured against the model's largest gradient
-        for what in ("forward", "grads_of_model", "loss"):
+        # the key bias's gradient is zero (a softmax does not see a row's constant shift): its
+        # error is measured against the floor of "grads", 1% of the model's largest gradient
+        for what in ("forward", "grads", "loss"):
             assert out[what] <= 1e-5, f"rank {rank} {what}: relative error {out[what]:.3g}"
     assert sum(out["bytes"] for out in outs) > 0
 
