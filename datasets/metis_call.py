@@ -25,15 +25,18 @@ self loops; ``vweights`` (n,) integer or None; the result ``owner`` (n,) int32, 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pickle
 import signal
+import threading
 
 import numpy as np
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 READ_CHUNK = 1 << 20
+CHILD_BLOCKS = {signal.SIGTERM, signal.SIGINT}  # held from before the fork, for the child's life
 
 
 def metis_part_graph(parts: int, indptr: np.ndarray, indices: np.ndarray, *, seed: int,
@@ -64,24 +67,25 @@ def run_forked(call, who: str = "the forked child", what: str = "its result"):
     at once; the child is killed and reaped on every way out. ``who`` and ``what`` name the
     child and its result in the error raised when it dies first."""
     parent = os.getpid()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the caller's stack
-        _child(call, parent, r, w)
-    os.close(w)
-    reaped = False
+    pid = r = w = None
     try:
+        r, w = os.pipe()
+        with _held_across_fork(CHILD_BLOCKS):
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into the caller's stack
+                _child(call, parent, r, w)
+        os.close(w)
+        w = None
         payload = bytearray()
-        with os.fdopen(r, "rb", buffering=0) as pipe:
-            while True:
-                chunk = pipe.read(READ_CHUNK)
-                if not chunk:
-                    break
-                payload += chunk
+        while chunk := os.read(r, READ_CHUNK):
+            payload += chunk
         _, status = os.waitpid(pid, 0)
-        reaped = True
+        pid = None
     finally:
-        if not reaped:
+        for fd in (r, w):
+            if fd is not None:
+                os.close(fd)
+        if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
     if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0 or not payload:
@@ -94,10 +98,41 @@ def run_forked(call, who: str = "the forked child", what: str = "its result"):
     return value
 
 
+@contextlib.contextmanager
+def _held_across_fork(signals):
+    """Inside: ``signals`` are blocked in this thread, so a child forked here is born with
+    them blocked, and (on the main thread) their Python handlers only note them. On leaving:
+    handlers and mask come back, then each noted signal is raised again, so its own handler
+    runs here.
+
+    Why: ``os.fork`` runs Python at-fork hooks (``logging`` registers some). A handler that
+    runs inside one has its exception printed and dropped, so a SIGTERM landing during the
+    fork was lost and METIS ran on. Blocking alone does not hold it: another thread of this
+    process (OpenBLAS's, torch's) takes it, and the main thread runs the handler at its next
+    bytecode, which may be in a hook."""
+    noted = []
+    saved = {}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the current mask, unchanged
+    try:
+        if threading.current_thread() is threading.main_thread():
+            for sig in signals:
+                if signal.getsignal(sig) is not None:  # None: set outside Python, kept
+                    saved[sig] = signal.signal(sig, lambda signum, _: noted.append(signum))
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig in noted:
+            signal.raise_signal(sig)
+
+
 def _child(call, parent: int, r: int, w: int) -> None:
+    """Runs ``call`` and writes its pickled outcome to ``w``; never returns. SIGTERM and
+    SIGINT are blocked from birth (``run_forked`` blocked them before the fork)."""
     code = 1
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         _die_with(parent)
         os.close(r)
         try:

@@ -53,6 +53,29 @@ def _children(pid):
         return []
 
 
+@pytest.mark.parametrize("hook", ["before", "after_in_parent"])
+def test_sigterm_during_the_fork_is_not_lost(hook):
+    """A SIGTERM that lands while ``os.fork`` runs its at-fork hooks (here a hook sends it):
+    the caller's handler still raises from ``run_forked`` (exit 143) and the child is killed
+    at once. Unblocked, the handler ran inside the hook, where Python drops its exception;
+    the call then waited out the child's 30 s and the process exited 0."""
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from gnnpar.datasets.metis_call import run_forked
+        def preempted(signum, frame):
+            raise SystemExit(143)
+        signal.signal(signal.SIGTERM, preempted)
+        os.register_at_fork({hook}=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        run_forked(lambda: time.sleep(30))
+        raise SystemExit(0)  # the signal was lost
+    """)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": ROOT}, text=True, timeout=90)
+    assert done.returncode == 143, done.stderr
+    assert time.monotonic() - started < 20
+
+
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
                     reason="needs /proc/<pid>/task/<pid>/children (Linux)")
 def test_sigterm_while_metis_runs_reaches_pythons_handler():
