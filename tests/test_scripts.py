@@ -140,6 +140,24 @@ def test_bench_minibatch_runs_on_cpu(tmp_path, sample_on):
     assert 0 <= s["stall_share"] <= 1 and "end-to-end epoch / compute-only" in res.stderr
 
 
+def test_bench_step_products_counts_each_layers_products():
+    """Layer 0 (8 -> 16, the input layer): 4 products of 2*50*8*16 flops (two forward, two
+    weight gradients, no input gradient); layer 1 (16 -> 4, so the neighbour term projects
+    its 50 sources): 2*20*16*4 for each self product, 2*50*16*4 for each neighbour one,
+    input gradients included: 78,080 flops. Bad --layers are refused."""
+    import sys
+    cmd = [sys.executable, "scripts/bench_step_products.py", "--rounds", "1", "--repeats", "1"]
+    res = subprocess.run(cmd + ["--layers", "50,80,8,16;20,50,16,4"], cwd=ROOT,
+                         capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rec["gflop"] == pytest.approx(78080 / 1e9)
+    assert set(rec["threads"]) == {"1", "2"} and "load" in res.stdout
+    bad = subprocess.run(cmd + ["--layers", "1,2,3"], cwd=ROOT, capture_output=True, text=True,
+                         env=clean_env(), timeout=120)
+    assert bad.returncode == 2 and "four positive integers" in bad.stderr
+
+
 def test_bench_spmm_runs(tmp_path):
     import sys
     res = subprocess.run([sys.executable, "scripts/bench_spmm.py", "--dataset",
