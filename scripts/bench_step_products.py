@@ -28,34 +28,36 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # timev, beside this script
+from timev import loadavg  # noqa: E402
 
 DEFAULT_LAYERS = "11857,32903,128,256;2959,11857,256,256;1022,2959,256,16"
 
 
 def products(d: int, s: int, f_in: int, f_out: int, input_layer: bool, joined: bool):
-    """(name, m, k, n, transpose_a, transpose_b) of each product of one layer's step; with
+    """(m, k, n, transpose_a, transpose_b) of each product of one layer's step; with
     ``joined``, the self and neighbour terms as one product on ``[h_dst | mean]`` (possible
     where both have ``d`` rows) instead of two."""
-    rows = d if f_in <= f_out else s
     if joined:
-        out = [("fwd", d, 2 * f_in, f_out, False, False), ("dW", 2 * f_in, d, f_out, True, False)]
-        return out + ([] if input_layer else [("dX", d, f_out, 2 * f_in, False, True)])
-    out = [("self", d, f_in, f_out, False, False), ("neigh", rows, f_in, f_out, False, False),
-           ("dW_self", f_in, d, f_out, True, False), ("dW_neigh", f_in, rows, f_out, True, False)]
-    if not input_layer:
-        out += [("dX_self", d, f_out, f_in, False, True),
-                ("dX_neigh", rows, f_out, f_in, False, True)]
+        out = [(d, 2 * f_in, f_out, False, False), (2 * f_in, d, f_out, True, False)]
+        return out + ([] if input_layer else [(d, f_out, 2 * f_in, False, True)])
+    rows = d if f_in <= f_out else s
+    out = [(d, f_in, f_out, False, False), (rows, f_in, f_out, False, False),  # forward
+           (f_in, d, f_out, True, False), (f_in, rows, f_out, True, False)]  # weight grads
+    if not input_layer:  # input gradients
+        out += [(d, f_out, f_in, False, True), (rows, f_out, f_in, False, True)]
     return out
 
 
 def arrangements(layer, input_layer: bool) -> dict:
     """A layer's products as two products per pass, and joined where the rows allow."""
-    d, s, f_in, f_out = layer
     out = {"split": products(*layer, input_layer, joined=False)}
-    if f_in <= f_out:
+    if layer[2] <= layer[3]:  # f_in <= f_out: both terms on the d destination rows
         out["joined"] = products(*layer, input_layer, joined=True)
     return out
 
@@ -77,7 +79,7 @@ def time_product(a, b, repeats: int) -> float:
 
 
 def flops(prods) -> int:
-    return sum(2 * m * k * n for _, m, k, n, _, _ in prods)
+    return sum(2 * m * k * n for m, k, n, _, _ in prods)
 
 
 def main() -> None:
@@ -93,29 +95,24 @@ def main() -> None:
         ap.error("--layers: four positive integers d,s,f_in,f_out per block")
     threads = [int(t) for t in a.threads.split(",")]
     gen = torch.Generator().manual_seed(0)
-    plan = [{how: [(p, operands(*p[1:], gen)) for p in prods]
+    plan = [{how: [operands(*p, gen) for p in prods]
              for how, prods in arrangements(layer, i == 0).items()}
             for i, layer in enumerate(layers)]
-    gflop = sum(flops([p for p, _ in ways["split"]]) for ways in plan) / 1e9
-    print(f"{sum(len(w['split']) for w in plan)} products, {gflop:.2f} GFLOP a step; "
-          f"torch {torch.__version__}")
+    split = [products(*layer, i == 0, joined=False) for i, layer in enumerate(layers)]
+    gflop = sum(flops(prods) for prods in split) / 1e9
+    print(f"{sum(map(len, split))} products, {gflop:.2f} GFLOP a step; torch {torch.__version__}")
     per: dict = {t: [] for t in threads}
     for r in range(a.rounds):
         for t in threads:
             torch.set_num_threads(t)
-            parts = []
-            for i, ways in enumerate(plan):
-                times = {how: 1e3 * sum(time_product(*ops, a.repeats) for _, ops in prods)
-                         for how, prods in ways.items()}
-                best = min(times, key=times.get)
-                parts.append((i, best, times))
-            total = sum(times[best] for _, best, times in parts)
+            times = [{how: 1e3 * sum(time_product(*ops, a.repeats) for ops in prods)
+                      for how, prods in ways.items()} for ways in plan]  # ms, per layer
+            total = sum(min(layer.values()) for layer in times)
             per[t].append(total)
-            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
             print(f"round {r} threads {t}: {total:.1f} ms a step ({gflop / total * 1e3:.0f} "
-                  f"GFLOP/s); load {load}; " + "; ".join(
-                      f"layer{i} " + ", ".join(f"{how} {ms:.2f}" for how, ms in times.items())
-                      for i, _, times in parts), flush=True)
+                  f"GFLOP/s); load {loadavg()}; " + "; ".join(
+                      f"layer{i} " + ", ".join(f"{how} {ms:.2f}" for how, ms in layer.items())
+                      for i, layer in enumerate(times)), flush=True)
     summary = {str(t): {"median_ms": statistics.median(v), "min_ms": min(v), "rounds_ms": v}
                for t, v in per.items()}
     for t, s in summary.items():
