@@ -103,8 +103,8 @@ rng = random.Random(seed)
 for i in range(rounds):
     delay = rng.uniform(0, max_delay)
     timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
     try:
+        timer.start()  # in the try: on a loaded machine the signal may land while it starts
         spawn(preemptible, 2, args=(1.0,), timeout_s=10, threads=1)
         how = "finished"
     except Preempted:
