@@ -34,3 +34,11 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")) and all(
         _os.path.isfile(_os.path.join(_root, sub, "__init__.py"))
         for sub in ("datasets", "partitioners", "kernels")):
     __path__.append(_root)  # noqa: F821  (package __path__)
+
+
+def load_model(path: str, device="cpu"):
+    """The model ``gnnpar-train --save-model PATH`` wrote, weights loaded, in evaluation mode
+    (:func:`gnnpar.saved_model.load_model`; imported on first use so that ``import gnnpar``
+    stays light)."""
+    from .saved_model import load_model as _load
+    return _load(path, device)
