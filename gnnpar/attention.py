@@ -11,10 +11,11 @@ values are not used).
 
 A layer reaches the edge operations through ``op.edges()``, which every operator serves: the
 serial runtime's and a sampled block's (``kernels/edge_ops.py``: on a block, softmax over the
-sampled neighbours, no Horvitz–Thompson rescaling), the 1D operators' (all-gather and halo
-exchange, ``kernels/edge_dist.py``), the block operators' of 1.5d, 2d, 3d and 4d
-(``kernels/edge_block.py``) and a grouped mini batch's (``kernels/bipartite.py``); an
-operator without them (a user's own) is refused with a message that names it.
+sampled neighbours, each once however often drawn, no Horvitz–Thompson rescaling), the 1D
+operators' (all-gather and halo exchange, ``kernels/edge_dist.py``), the block operators' of
+1.5d, 2d, 3d and 4d (``kernels/edge_block.py``) and a grouped mini batch's
+(``kernels/bipartite.py``); an operator without them (a user's own) is refused with a message
+that names it.
 
 Shapes: H (num_src, f_in) → (num_dst, heads·f_out) concatenated, (num_dst, f_out) averaged.
 """

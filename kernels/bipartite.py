@@ -135,7 +135,8 @@ def block_shard(indptr, indices, values, owner: np.ndarray, me: int, g: int, nor
                 ) -> BlockShard:
     """Rank ``me``'s :class:`BlockShard` of the block (``indptr`` (n_dst+1,), ``indices``
     (nnz,) local source ids, ``values`` (nnz,)) under ``owner`` (n_src,). Repeated entries of
-    a row (sampling with replacement) are summed."""
+    a row (sampling with replacement) are summed: one entry, hence one edge of an attention
+    layer's softmax, as a sampled block's own edges hold it (:mod:`gnnpar.sampling.blocks`)."""
     indptr, indices = np.asarray(indptr, np.int64), np.asarray(indices, np.int64)
     values = np.asarray(values, np.float32)
     n_src, n_dst = int(owner.shape[0]), int(indptr.shape[0]) - 1
@@ -193,7 +194,7 @@ class BipartiteOperator:
 
     def edges(self) -> "BipartiteEdges":
         """The inner operator's edge-valued operations seen as the block's (the edges of S
-        are B's: the sampled neighbours), or AttributeError where it has none."""
+        are B's: the distinct sampled neighbours), or AttributeError where it has none."""
         return BipartiteEdges(self.inner.edges(), self.num_dst)
 
 

@@ -7,8 +7,11 @@ aggregates with them. :class:`EdgeOperator` is that contract; a layer written ag
 runs wherever an operator serves it (``op.edges()``).
 
 The edges are the structure of the operator's Â: in full batch S = A' + I, so every row has
-its self loop, as the GAT paper takes it. Â's values are not used. Edges are numbered in the
-operator's CSR order (row by row), so per-edge tensors are ``(E, heads)``.
+its self loop, as the GAT paper takes it. Â's values are not used. Each (row, column) pair is
+one edge: a sampled block whose rows repeat a neighbour (drawn twice with replacement) serves
+it once (:func:`distinct_edges`), as a grouped block's merged shard does, so an attention
+layer's softmax is over the distinct sampled neighbours in every mode. Edges are numbered in
+the operator's CSR order (row by row), so per-edge tensors are ``(E, heads)``.
 
 - ``at_src(s)``: ``s`` (num_src, H) → (E, H), each edge's source row of ``s``;
 - ``at_dst(d)``: ``d`` (num_dst, H) → (E, H), each edge's destination row;
@@ -252,6 +255,27 @@ class CsrEdges:
                 gi, hj = gi.to(out.dtype), hj.to(out.dtype)
             torch.sum(gi * hj, dim=2, out=out[a:b])
         return out
+
+
+def distinct_edges(indptr: torch.Tensor, indices: torch.Tensor, num_src: int) -> CsrEdges:
+    """:class:`CsrEdges` of a CSR structure whose rows may list a column more than once (a
+    block sampled with replacement), each (row, column) pair once: the first entry of each
+    pair is kept, in the rows' order, so a structure without repeats gives its own edges.
+    One stable sort of the entries' (row, column) keys."""
+    indptr, indices = indptr.to(torch.int64), indices.to(torch.int64)
+    n_dst, nnz, device = int(indptr.shape[0] - 1), int(indices.shape[0]), indptr.device
+    rows = torch.repeat_interleave(torch.arange(n_dst, dtype=torch.int64, device=device),
+                                   indptr[1:] - indptr[:-1], output_size=nnz)
+    key, order = torch.sort(rows * max(int(num_src), 1) + indices, stable=True)
+    first = torch.ones(nnz, dtype=torch.bool, device=device)
+    first[1:] = key[1:] != key[:-1]
+    if bool(first.all()):
+        return CsrEdges(indptr, indices, num_src)
+    keep = torch.zeros_like(first)
+    keep[order[first]] = True
+    kept_indptr = torch.zeros_like(indptr)
+    torch.cumsum(torch.bincount(rows[keep], minlength=n_dst), 0, out=kept_indptr[1:])
+    return CsrEdges(kept_indptr, indices[keep], num_src)
 
 
 class EdgeSpMM(torch.autograd.Function):

@@ -1,6 +1,8 @@
 """GAT on the edge-valued operator contract (kernels/edge_ops.py, gnnpar/attention.py) against a
 dense reference written from the paper's formulas: outputs and every gradient, several head
-counts, concatenated and averaged heads, bipartite blocks, a row without edges."""
+counts, concatenated and averaged heads, bipartite blocks, a row without edges; in mini batch,
+a neighbour drawn twice (``--replace``) counted once in every mode, and the data-parallel and
+grouped command-line runs against the serial run's losses."""
 import numpy as np
 import pytest
 import torch
@@ -321,10 +323,108 @@ def test_gat_on_full_neighbourhood_blocks_equals_the_full_graph():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_gat_trains_in_data_parallel_and_grouped_minibatch():
-    mb = ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "16", "--model", "gat",
-          "--heads", "2", "--hidden", "8", "--epochs", "1", "--quiet",
-          "--dataset", "sbm:n=120,blocks=3,p_in=0.1,p_out=0.01"]
-    assert run_train(*mb, "--nprocs", "2").returncode == 0
-    res = run_train(*mb, "--nprocs", "2", "--algo", "2d", "--grid", "1x2")
+def _repeated_entries(block) -> int:
+    """Entries of ``block`` that repeat an earlier (row, column) pair of their row."""
+    b = block.numpy()
+    rows = np.repeat(np.arange(b.num_dst), np.diff(b.indptr))
+    keys = rows * b.num_src + b.indices
+    return int(keys.size - np.unique(keys).size)
+
+
+def _sampled_blocks(replace: bool, fanout: int):
+    """The seeds' block of a small graph, as the host sampler and the device sampler (on the
+    CPU, its own hash draws) sample it."""
+    from gnnpar.sampling import NeighborSampler, SamplerConfig, Topology, batch_rng
+    from gnnpar.sampling.device_sampler import TorchBulkSampler, TorchTopology
+    from gnnpar.sampling.draws import HashDraws
+    from .graphs import random_graph
+    topo = Topology.from_graph(random_graph(n=60, avg_deg=3, f=6, classes=3, seed=2), ("gcn",))
+    cfg = SamplerConfig((fanout, fanout), "gcn", replace=replace)
+    seeds = np.arange(0, 60, 4)
+    host = NeighborSampler(topo, cfg).sample(seeds, batch_rng(0, 0, 0, 0))[-1]
+    device = TorchBulkSampler(TorchTopology(topo, "cpu"), cfg).sample(
+        [seeds], [HashDraws(3, 0, 0, 0, "cpu")])[0][-1]
+    return host, device
+
+
+@pytest.mark.parametrize("sampler", ["host", "device"])
+def test_a_neighbour_drawn_twice_is_one_edge_of_the_softmax(sampler):
+    """With replacement (``--replace``) a neighbour drawn twice is one edge of the softmax in
+    every mode: GAT (and the README's attention layer) on a sampled block, as serial and
+    data-parallel mini batch run it, equals the same layer on the block whose repeated
+    entries are merged as a grouped block's shard merges them (kernels/bipartite.block_shard,
+    one member) and the dense reference over the distinct sampled neighbours; so do the
+    gradients."""
+    from gnnpar.kernels.bipartite import block_shard
+    from .dist_cases import readme_block
+    pick = ("host", "device").index(sampler)
+    block = _sampled_blocks(True, 6)[pick]
+    assert _repeated_entries(block) > 10 and not block.distinct
+    plain = _sampled_blocks(False, 2)[pick]
+    assert _repeated_entries(plain) == 0 and plain.distinct
+    b = block.numpy()
+    shard = block_shard(b.indptr, b.indices, b.values, np.zeros(b.num_src, np.int64), 0, 1,
+                        "gcn")
+    rows = shard.indptr[:b.num_dst + 1]                   # rows >= num_dst of S are empty
+    merged = SparseOperator(rows, shard.indices, shard.values["gcn"], (b.num_dst, b.num_src))
+    mask = block.to_scipy().toarray() != 0
+    space = {"torch": torch}
+    exec(readme_block("class DotAttention"), space)
+    torch.manual_seed(4)
+    for layer in (GATLayer(6, 4, heads=2), space["DotAttention"](6, 5)):
+        h = torch.randn(b.num_src, 6, requires_grad=True)
+        outs = [layer(block.operator(), h), layer(merged, h)]
+        if isinstance(layer, GATLayer):
+            outs.append(dense_gat(layer, mask, h))
+        g = torch.randn_like(outs[0])
+        grads = [torch.autograd.grad(o, [h] + list(layer.parameters()), g) for o in outs]
+        for out, grad in zip(outs[1:], grads[1:]):
+            torch.testing.assert_close(outs[0], out, rtol=1e-5, atol=1e-6)
+            for x, y in zip(grads[0], grad):
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def _train_losses(tmp_path, name, *argv):
+    """Per-epoch losses and final test accuracy of the installed ``gnnpar-train ARGV`` run
+    from ``tmp_path`` (no PYTHONPATH)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    exe = os.path.join(os.path.dirname(sys.executable), "gnnpar-train")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([exe, *argv, "--quiet", "--log-json", f"{name}.jsonl"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+    recs = [json.loads(x) for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert recs[-1]["final"] is True
+    return [r["loss"] for r in recs[:-1]], recs[-1]["test_acc"]
+
+
+#: a small GAT in mini batch, dropout 0 so a run depends on its draws alone
+GAT_MB = ["--mode", "minibatch", "--model", "gat", "--heads", "2", "--hidden", "8",
+          "--epochs", "3", "--dropout", "0", "--lr", "0.02",
+          "--dataset", "sbm:n=120,blocks=3,p_in=0.1,p_out=0.01"]
+
+
+def test_gat_grouped_with_replacement_trains_the_serial_model(tmp_path):
+    """``--replace``: a 2-rank group (one group, stream 0) samples the serial run's
+    minibatches, so its per-epoch losses and accuracy are the serial run's: a neighbour
+    drawn twice counts the same in the grouped block (merged) as in the serial one."""
+    mb = GAT_MB + ["--fanouts", "4,4", "--batch-size", "16", "--replace"]
+    serial, acc = _train_losses(tmp_path, "serial", *mb)
+    grouped, acc_g = _train_losses(tmp_path, "grouped", *mb, "--nprocs", "2", "--algo", "2d",
+                                   "--grid", "1x2")
+    np.testing.assert_allclose(grouped, serial, rtol=1e-5)
+    assert acc_g == acc and serial[-1] < serial[0]
+
+
+def test_gat_data_parallel_trains_the_serial_model(tmp_path):
+    """Data parallel on 2 ranks with whole neighbourhoods and one step an epoch (every rank
+    all its seeds): each step's loss is the mean over every seed, as the serial run's, so
+    the per-epoch losses and accuracy are the serial run's."""
+    mb = GAT_MB + ["--fanouts=-1,-1", "--batch-size", "1000"]
+    serial, acc = _train_losses(tmp_path, "serial", *mb)
+    parallel, acc_p = _train_losses(tmp_path, "parallel", *mb, "--nprocs", "2")
+    np.testing.assert_allclose(parallel, serial, rtol=1e-5)
+    assert acc_p == acc and serial[-1] < serial[0]

@@ -192,6 +192,10 @@ CASES_2 = [
     ("2d-bcast", "gcn", 2, [FULL, "--algo", "2d", "--grid", "2x1", "--variant", "bcast"]),
     ("3d", "gcn", 2, [FULL, "--algo", "3d", "--grid", "1x1x2"]),
     ("2d-gat", "gat", 2, [FULL, "--algo", "2d", "--grid", "1x2"]),
+    # a neighbour drawn twice: two entries of the whole minibatch's block, one merged entry
+    # of the group's shards; the softmax counts it once in both
+    ("replace-gat", "gat", 2, ["--fanouts", "4,3", "--replace", "--algo", "1d-halo",
+                               "--group-size", "2"]),
 ]
 CASES_4 = [
     ("1d-halo", "gcn", 2, [FULL, "--algo", "1d-halo", "--group-size", "2"]),
@@ -207,7 +211,7 @@ CASES_4 = [
 def test_grouped_step_equals_whole_minibatch_and_full_batch_two_ranks():
     res = spawn(grouped_body, 2, args=(CASES_2, False), timeout_s=120)
     for label, kind, layers, argv in CASES_2:
-        per_rank = check_case(res, label, kind, layers, full_neighbourhood=True)
+        per_rank = check_case(res, label, kind, layers, full_neighbourhood=FULL in argv)
         assert per_rank[0]["layout"]["groups"] == 1 and per_rank[0]["layout"]["group_size"] == 2
 
 

@@ -11,7 +11,11 @@ mb.blocks], x[mb.input_ids])`` gives the outputs of ``mb.seeds`` in order.
 
 Row ``i`` of a block holds Â_ii (when non-zero) first, then the sampled neighbours; column
 indices are local source ids (int64). Without replacement a row has no repeated column;
-with replacement a neighbour drawn twice appears twice (its entries add up in the SpMM).
+with replacement a neighbour drawn twice appears twice (its entries add up in the SpMM). An
+attention layer's edges (:meth:`BlockOperator.edges`) hold it once: its softmax is over the
+distinct sampled neighbours, as in a grouped block (whose shard merges the repeated entries,
+:func:`gnnpar.kernels.bipartite.block_shard`) and in the full graph when every neighbour is
+drawn.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 
 from gnnpar.kernels.csr_transpose import transpose_csr
+from gnnpar.kernels.edge_ops import distinct_edges
 from gnnpar.kernels.local import SparseOperator, csr_tensor
 
 from . import fast
@@ -34,7 +39,9 @@ class Block:
     """Shapes: ``indptr`` (n_dst+1,) int64, ``indices`` (nnz,) int64 in [0, n_src),
     ``values`` (nnz,) float32, ``src_ids`` (n_src,) int64 global ids — numpy arrays (the host
     samplers) or tensors on one device (:mod:`.device_sampler`).
-    ``num_sampled``: neighbour entries kept (self entries not counted)."""
+    ``num_sampled``: neighbour entries kept (self entries not counted). ``distinct``: no row
+    lists a column twice (set by a sampler that drew without replacement or kept whole rows);
+    False where a row may (drawn with replacement, or not known)."""
 
     indptr: np.ndarray
     indices: np.ndarray
@@ -42,6 +49,7 @@ class Block:
     src_ids: np.ndarray
     num_dst: int
     num_sampled: int
+    distinct: bool = False
 
     @property
     def num_src(self) -> int:
@@ -61,13 +69,14 @@ class Block:
         (host blocks on the host): Âᵀ is built when a backward pass first needs it, which
         calls ``on_demand()`` first."""
         return BlockOperator(self.indptr, self.indices, self.values,
-                             (self.num_dst, self.num_src), device, transpose, on_demand)
+                             (self.num_dst, self.num_src), device, transpose, on_demand,
+                             self.distinct)
 
     def numpy(self) -> "Block":
         """The same block with numpy arrays (tests, debugging)."""
         arrays = [a.cpu().numpy() if hasattr(a, "cpu") else a
                   for a in (self.indptr, self.indices, self.values, self.src_ids)]
-        return Block(*arrays, self.num_dst, self.num_sampled)
+        return Block(*arrays, self.num_dst, self.num_sampled, self.distinct)
 
     def to_scipy(self):
         """scipy CSR (n_dst × n_src), duplicates summed (tests, debugging)."""
@@ -88,12 +97,15 @@ class BlockOperator(SparseOperator):
     needs the input's gradient (``LocalSpMM`` skips Âᵀ when it does not: the input block's
     features never need one unless the layer's weight is applied before the product), or a
     move to a device. ``on_demand`` is called before a deferred Âᵀ is built. Tensors, or a
-    device other than the CPU: the parent's operator, as before.
+    device other than the CPU: the parent's operator, as before. ``distinct``: the block's
+    rows repeat no column (:attr:`Block.distinct`), so :meth:`edges` need not look for
+    repeats.
     """
 
     def __init__(self, indptr, indices, values, shape, device=None, transpose: bool = True,
-                 on_demand: Optional[Callable[[], None]] = None):
+                 on_demand: Optional[Callable[[], None]] = None, distinct: bool = False):
         self._AT, self._pending, self._on_demand = None, None, None
+        self.distinct = bool(distinct)
         host = (not isinstance(indptr, torch.Tensor)
                 and (device is None or torch.device(device).type == "cpu"))
         if not host:
@@ -127,6 +139,18 @@ class BlockOperator(SparseOperator):
     @AT.setter
     def AT(self, m: torch.Tensor) -> None:  # noqa: N802
         self._AT, self._pending = m, None
+
+    def edges(self):
+        """The block's structure as edge-valued operations, each (row, column) pair once
+        (:func:`~gnnpar.kernels.edge_ops.distinct_edges`, skipped for a ``distinct`` block):
+        a neighbour drawn twice is one edge of an attention layer's softmax (module
+        docstring). Made on first use and kept."""
+        if getattr(self, "_edges", None) is None:
+            if self.distinct:
+                return super().edges()
+            self._edges = distinct_edges(self.A.crow_indices(), self.A.col_indices(),
+                                         self.num_src)
+        return self._edges
 
 
 def block_operators(blocks: List[Block], device=None,

@@ -28,7 +28,7 @@ from typing import List, Sequence
 import numpy as np
 
 from .blocks import Block, Relabeler, assemble_block
-from .choose import draw_count
+from .choose import draw_count, keeps_distinct
 from .neighbor import SamplerConfig, check_seeds, sample_entries
 
 
@@ -63,6 +63,7 @@ class BulkSampler:
                 r0, r1, e0, e1 = row_cut[b], row_cut[b + 1], edge_cut[b], edge_cut[b + 1]
                 block = assemble_block(front, k[r0:r1], cols[e0:e1], vals[e0:e1],
                                        dst_self[r0:r1], relabel)
+                block.distinct = keeps_distinct(fanout, cfg.replace)
                 per_batch[b].append(block)
                 frontiers[b] = block.src_ids
         return [blocks[::-1] for blocks in per_batch]

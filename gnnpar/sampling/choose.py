@@ -30,6 +30,12 @@ def draw_count(deg: np.ndarray, fanout: int, replace: bool) -> int:
     return int(np.count_nonzero(deg > 0 if replace else deg > fanout))
 
 
+def keeps_distinct(fanout: int, replace: bool) -> bool:
+    """Whether every row keeps distinct positions (no position drawn twice): always but with
+    replacement from a limited fanout."""
+    return fanout < 0 or not replace
+
+
 def floyd_subsets(deg: np.ndarray, k: int, u: np.ndarray) -> np.ndarray:
     """A uniform ``k``-subset of ``[0, deg_i)`` for every row (all ``deg_i >= k``).
 

@@ -26,6 +26,7 @@ import torch
 from gnnpar.datasets import InputError
 
 from .blocks import Block
+from .choose import keeps_distinct
 from .neighbor import SamplerConfig
 
 
@@ -162,6 +163,7 @@ class TorchBulkSampler:
                                                    edge_cut[b + 1]))
                 block = _assemble(front, k[r0:r1], cols[e0:e1], vals[e0:e1], dst_self[r0:r1],
                                   relabel)
+                block.distinct = keeps_distinct(fanout, cfg.replace)
                 per_batch[b].append(block)
                 frontiers[b] = block.src_ids
         return [blocks[::-1] for blocks in per_batch]

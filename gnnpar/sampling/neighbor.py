@@ -33,7 +33,7 @@ from gnnpar.datasets import InputError
 
 from . import fast
 from .blocks import Block, Relabeler, assemble_block
-from .choose import choose_entries, choose_positions, draw_count
+from .choose import choose_entries, choose_positions, draw_count, keeps_distinct
 
 
 def batch_rng(seed: int, epoch: int, stream: int, step: int) -> np.random.Generator:
@@ -134,6 +134,7 @@ class NeighborSampler:
             k, cols, vals = sample_entries(topo, cfg.kind, frontier, fanout, cfg.replace, u, owners)
             block = assemble_block(frontier, k, cols, vals, topo.self_values[cfg.kind][frontier],
                                    relabel)
+            block.distinct = keeps_distinct(fanout, cfg.replace)
             blocks.append(block)
             frontier = block.src_ids
         return blocks[::-1]
