@@ -16,15 +16,23 @@ FMA, so its last bits depend on the CPU, within the rounding of the sum (``tests
 states the bound); the tests hold the kernel to a sequential sum in its own arithmetic, bit
 for bit, and torch within that bound.
 
-**Which product serves a call** (``GNNPAR_SPMM``): ``auto`` (the default) follows
-:data:`SIZE_RULE`: float32 products go to torch's ``addmm`` into the given output, or into
-an empty one, not through ``torch.sparse.mm``, which zeroes a fresh CPU output, multiplies
-into another and copies it over. MKL's product was faster than this kernel at every width
-and size swept, once both write into a reused output. bf16 products this wide and this large
-go to the kernel (MKL has no bf16 product: torch's path widens H to a float32 copy first). ``numba`` sends every float32 and
-bf16 product to the kernel: the same bits on every x86-64 CPU, so a run and its checkpoints
-reproduce on a machine with another instruction set, at MKL's speed advantage.
-``torch`` sends every product to torch.
+**Which product serves a call** (``GNNPAR_SPMM``). ``auto`` (the default) follows a size rule
+per feature dtype, ``(min_width, min_work)``: the kernel serves the float32 and bf16 products
+at least ``min_width`` wide with at least ``min_work`` multiply-adds, torch's product the
+rest. Which side is faster depends on the CPU: on some, MKL's product was faster at every
+width measured, on others this kernel on wide, large products (``docs/performance.md``). So
+the rule is measured on the machine, once per CPU, library versions and thread count, by the
+first product large enough to be decided by it, and kept in a small cache file that later
+processes read (:mod:`gnnpar.kernels.cpu_spmm_probe`). Where it cannot be measured or kept,
+and for products smaller than any the probe measures, the fixed :data:`SIZE_RULE` serves.
+``fixed`` follows :data:`SIZE_RULE` alone, never probing. torch's product is ``addmm`` into
+the given output, or into an empty one, not ``torch.sparse.mm``, which zeroes a fresh CPU
+output, multiplies into another and copies it over; MKL has no bf16 product, so torch's path
+widens H to a float32 copy first. ``numba`` sends every float32 and bf16 product to the
+kernel: the same bits on every x86-64 CPU, so a run and its checkpoints reproduce on a
+machine with another instruction set. ``torch`` sends every product to torch. Whichever side
+serves, the two differ only within the rounding of the sum (both add in CSR order), and a
+process keeps the rule it looked up, so its products do not change sides mid-run.
 
 :func:`csr_mm` is the one entry every local product uses (:mod:`gnnpar.kernels.local` and
 each distributed kernel's local part). On CUDA it uses ``torch.sparse.mm`` (cuSPARSE), or the
@@ -66,7 +74,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from . import triton_spmm
+from . import cpu_spmm_probe, triton_spmm
 from .jit import compile_module, numba_installed
 
 #: blocks per thread: enough to even out rows of unequal cost, few enough to stay cheap
@@ -146,7 +154,7 @@ def available() -> bool:
 
 
 #: the values of ``GNNPAR_SPMM`` (see the module docstring)
-MODES = ("auto", "numba", "torch")
+MODES = ("auto", "fixed", "numba", "torch")
 
 
 def mode() -> str:
@@ -169,21 +177,53 @@ def row_blocks(indptr: np.ndarray, parts: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
 
-#: per feature dtype, ``(min_width, min_work)``: under ``GNNPAR_SPMM=auto`` the kernel serves
-#: a product at least ``min_width`` wide with at least ``min_work`` multiply-adds (nnz·width),
-#: torch's product the rest; a dtype not listed always goes to torch. float32 is not listed:
-#: MKL's product into a reused output was faster at every width and size swept. bf16: the
-#: kernel reads the rows at their width and wins on wide, large products; torch's widened
-#: copy wins below. ``scripts/bench_spmm.py --size-rule`` measures the crossover;
+#: per feature dtype, ``(min_width, min_work)``: the kernel serves a product at least
+#: ``min_width`` wide with at least ``min_work`` multiply-adds (nnz·width), torch's product
+#: the rest; a dtype not listed always goes to torch. The fixed rule: ``GNNPAR_SPMM=fixed``
+#: follows it alone, ``auto`` where the machine's rule cannot be measured or kept and for
+#: products smaller than the probe's (:func:`kernel_picked`). float32 is not listed: on the
+#: machine it was derived on MKL's product into a reused output was faster at every width and
+#: size swept. bf16: the kernel reads the rows at their width and won on wide, large products,
+#: torch's widened copy below. ``scripts/bench_spmm.py --size-rule`` measures the crossover;
 #: ``docs/performance.md`` has the figures behind these values.
 SIZE_RULE = {torch.bfloat16: (128, 1 << 26)}
+#: the dtypes the kernel multiplies, and so the ones whose rule is measured
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+_RULES: dict = {}  # (dtype, threads) -> this process's measured rule
+_RULES_LOCK = threading.Lock()
+
+
+def machine_rule(dtype: torch.dtype) -> Optional[tuple]:
+    """``(min_width, min_work)``, or None for never the kernel: the rule ``GNNPAR_SPMM=auto``
+    follows for ``dtype`` at the current torch thread count, from the machine's cached probe
+    (:func:`gnnpar.kernels.cpu_spmm_probe.measured_rule`, which probes once if need be,
+    under a lock shared by the processes of the machine), else :data:`SIZE_RULE`'s. Looked
+    up once per process and thread count."""
+    key = (dtype, torch.get_num_threads())
+    try:
+        return _RULES[key]
+    except KeyError:
+        pass
+    with _RULES_LOCK:
+        if key not in _RULES:
+            _RULES[key] = cpu_spmm_probe.measured_rule(
+                dtype, key[1], kernel_product, probe_torch_product, SIZE_RULE.get(dtype))
+        return _RULES[key]
 
 
 def kernel_picked(dtype: torch.dtype, width: int, nnz: int) -> bool:
-    """Whether ``GNNPAR_SPMM=auto`` gives a product of ``nnz`` entries, ``width`` wide, in
-    ``dtype`` to the kernel (:data:`SIZE_RULE`)."""
-    rule = SIZE_RULE.get(dtype)
-    return rule is not None and width >= rule[0] and nnz * width >= rule[1]
+    """Whether the size rule gives a product of ``nnz`` entries, ``width`` wide, in
+    ``dtype`` to the kernel: the machine's measured rule (:func:`machine_rule`), or
+    :data:`SIZE_RULE` under ``GNNPAR_SPMM=fixed`` and for a product smaller than any the
+    probe measures (so a small product never starts the probe)."""
+    if dtype not in KERNEL_DTYPES:
+        return False
+    work = nnz * width
+    if mode() == "fixed" or not cpu_spmm_probe.measurable(width, work):
+        rule = SIZE_RULE.get(dtype)
+    else:
+        rule = machine_rule(dtype)
+    return rule is not None and width >= rule[0] and work >= rule[1]
 
 
 def _usable(A: torch.Tensor, h: torch.Tensor) -> bool:
@@ -226,12 +266,33 @@ def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> t
         z = _product(A, h.float(), None)
         return z.to(h.dtype) if out is None else out.copy_(z)
     if not _usable(A, h):
-        if out is None and A.device.type == "cpu" and A.layout == torch.sparse_csr:
-            # torch.sparse.mm would zero a fresh output, multiply into another, then copy
-            out = torch.empty((A.shape[0], h.shape[1]), dtype=torch.result_type(A, h))
-        if out is None:
-            return torch.sparse.mm(A, h)
-        return torch.addmm(out, A, h, beta=0, out=out)
+        return torch_product(A, h, out)
+    return kernel_product(A, h, out)
+
+
+def torch_product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]
+                  ) -> torch.Tensor:
+    """torch's product of A and h, in their dtypes (into ``out`` when given)."""
+    if out is None and A.device.type == "cpu" and A.layout == torch.sparse_csr:
+        # torch.sparse.mm would zero a fresh output, multiply into another, then copy
+        out = torch.empty((A.shape[0], h.shape[1]), dtype=torch.result_type(A, h))
+    if out is None:
+        return torch.sparse.mm(A, h)
+    return torch.addmm(out, A, h, beta=0, out=out)
+
+
+def probe_torch_product(A: torch.Tensor, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """torch's side as the probe times it: :func:`torch_product`, for bf16 ``h`` on its
+    widened float32 copy, rounded into ``out`` (what a bf16 product torch serves costs)."""
+    if h.dtype in NARROW:
+        return out.copy_(torch_product(A, h.float(), None))
+    return torch_product(A, h, out)
+
+
+def kernel_product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]
+                   ) -> torch.Tensor:
+    """The compiled kernel's product of a float32 CPU CSR A and float32 or bf16 h, whatever
+    the size rule says (into ``out`` when given)."""
     h = h.detach().contiguous()
     n_dst, f = A.shape[0], h.shape[1]
     if out is None:

@@ -4,6 +4,7 @@
     python scripts/bench_spmm.py                                   # CPU: rmat:scale=16,ef=16, 2 threads
     python scripts/bench_spmm.py --dataset rmat:scale=17,ef=16 --widths 64,256 --threads 1,2
     python scripts/bench_spmm.py --size-rule                       # CPU: the size rule's sweep
+    python scripts/bench_spmm.py --probe --threads 1,2             # CPU: the machine's probe, again
     python scripts/bench_spmm.py --device cuda --dataset rmat:scale=20,ef=16   # Triton vs cuSPARSE
     python scripts/bench_spmm.py --device cuda --sweep    # + every Triton tile, and rows unsorted
 
@@ -27,9 +28,11 @@ row finished: with more runnable threads than cores every figure is noise.
 ``GNNPAR_SPMM=torch`` switches gnnpar's CPU products to torch's kernel; ``GNNPAR_SPMM_GPU=triton``
 its CUDA ones to Triton.
 
-``--size-rule`` (CPU) re-derives the size rule of ``kernels/cpu_spmm.py`` (``SIZE_RULE``: per
-dtype, the compiled kernel serves a product at least ``min_width`` wide with at least
-``min_work`` = nnz·width multiply-adds, torch's ``addmm`` the rest). It sweeps ``--rule-widths``
+``--size-rule`` (CPU) sweeps for the size rule of ``kernels/cpu_spmm.py`` (per dtype, the
+compiled kernel serves a product at least ``min_width`` wide with at least ``min_work`` =
+nnz·width multiply-adds, torch's ``addmm`` the rest): the figures behind the fixed rule
+``SIZE_RULE``, and a check of the rule the machine's probe chose (``rule`` column: the side
+the library picks at that thread count). It sweeps ``--rule-widths``
 (default 1,4,8,16,32,64,128,256) on each graph of ``--rule-graphs`` (default rmat scales
 10, 12, 14, 16, ef 16), both sides through ``cpu_spmm.csr_mm`` as the library calls it (into a
 reused output; ``GNNPAR_SPMM=numba`` on one side, ``torch`` on the other, so
@@ -37,10 +40,16 @@ for fp32 the torch side is ``torch.addmm(out, A, H, beta=0, out=out)``, for bf16
 copy's product rounded into ``out``, exactly the fallback). Every round visits every
 (graph, width) once, both sides back to back in alternating order; a product is repeated
 within a timing until it takes about ``--min-time`` seconds. It prints one JSON line per
-(graph, width) with the medians, which side wins and which side the current rule picks, then
+(graph, width) with the medians, which side wins and which side the library picks, then
 a table sorted by nnz·width, and per dtype the (min_width, min_work) pair among the swept
 values that loses least against always picking the faster side (mean relative excess time),
-beside the current rule's loss.
+beside the library's picks' loss.
+
+``--probe`` (CPU) runs the probe that decides the size rule on this machine
+(``kernels/cpu_spmm_probe.py``) now, at each of ``--threads`` and for each of ``--rule-dtypes``,
+and prints one JSON line each: the probe's best times per width, the rule they give and the
+rule cached for this machine (``$GNNPAR_CACHE_DIR/spmm_rule.json``), with the load average.
+``--write`` replaces the cached entries with these (to re-measure on a quiet machine).
 
 ``--sweep`` (CUDA) also times every tile of ``triton_spmm.CANDIDATES`` and the default tile
 with the rows in their stored order instead of longest first, one JSON line each
@@ -66,7 +75,7 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout wi
 
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
-from gnnpar.kernels import cpu_spmm, triton_spmm  # noqa: E402
+from gnnpar.kernels import cpu_spmm, cpu_spmm_probe, triton_spmm  # noqa: E402
 from gnnpar.kernels.local import csr_tensor  # noqa: E402
 
 RULE_WIDTHS = "1,4,8,16,32,64,128,256"
@@ -134,14 +143,21 @@ def main(argv=None) -> int:
     p.add_argument("--rule-graphs", nargs="+", default=list(RULE_GRAPHS),
                    help="dataset specs of --size-rule (space-separated)")
     p.add_argument("--rule-dtypes", default="fp32", help="fp32 and/or bf16 (--size-rule)")
+    p.add_argument("--probe", action="store_true",
+                   help="CPU: run the size rule's probe now at each --threads and "
+                        "--rule-dtypes; print its times and rule beside the cached one")
+    p.add_argument("--write", action="store_true",
+                   help="--probe: replace the cached rule with the new measurement")
     p.add_argument("--min-time", type=float, default=0.005,
                    help="--size-rule: repeat a product within one timing until about this "
                         "many seconds (default 0.005)")
     a = p.parse_args(argv)
     if a.sweep and a.device != "cuda":
         p.error("--sweep times Triton tiles: it needs --device cuda")
-    if a.size_rule and a.device != "cpu":
-        p.error("--size-rule is the CPU kernel's rule: it needs --device cpu")
+    if (a.size_rule or a.probe) and a.device != "cpu":
+        p.error("--size-rule and --probe are the CPU kernel's rule: they need --device cpu")
+    if a.write and not a.probe:
+        p.error("--write replaces the probe's cached rule: it needs --probe")
     device = torch.device(a.device)
     cuda = device.type == "cuda"
     if not (triton_spmm.available() if cuda else cpu_spmm.available()):
@@ -149,6 +165,8 @@ def main(argv=None) -> int:
               "GNNPAR_SPMM=torch; CUDA: Triton missing)", file=sys.stderr)
         return 2
     threads = [1] if cuda else [int(t) for t in a.threads.split(",")]
+    if a.probe:
+        return probe(a, threads)
     if a.size_rule:
         return size_rule(a, threads)
     ours_mm = triton_spmm.csr_mm if cuda else compiled_mm
@@ -242,8 +260,7 @@ def compare(A, f, dtype, ours_mm, device, threads, repeats) -> dict:
 def size_rule(a, threads) -> int:
     """``--size-rule``: every (graph, width, dtype) on both sides, interleaved rounds."""
     widths = [int(w) for w in a.rule_widths.split(",")]
-    dtypes = [{"fp32": torch.float32, "bf16": torch.bfloat16}[d]
-              for d in a.rule_dtypes.split(",")]
+    dtypes = dtypes_of(a.rule_dtypes)
     cpu = torch.device("cpu")
     print(f"# size rule sweep: widths {widths}, graphs {a.rule_graphs}, threads {threads}, "
           f"{a.repeats} rounds; current rule {current_rule()}; load average {load():.2f}",
@@ -291,6 +308,7 @@ def size_rule(a, threads) -> int:
             rows.append(row)
             print(json.dumps(row))
     for t in threads:
+        torch.set_num_threads(t)  # the machine's rule at this thread count
         mine = sorted((r for r in rows if r["threads"] == t),
                       key=lambda r: (r["dtype"], r["work"]))
         print(f"\n{t} threads\n| graph | width | dtype | nnz·width | gnnpar (compiled) | "
@@ -305,9 +323,9 @@ def size_rule(a, threads) -> int:
         for dtype in dtypes:
             name = str(dtype).replace("torch.", "")
             these = [r for r in mine if r["dtype"] == name]
-            current = cpu_spmm.SIZE_RULE.get(dtype, (math.inf, math.inf))
+            current = cpu_spmm.machine_rule(dtype) or (math.inf, math.inf)
             best = best_rule(these)
-            now = rule_loss(these, *current)
+            now = picked_loss(these)
             print(f"{name}: current rule (min_width, min_work) = {current}: mean excess "
                   f"{now:.1%} over always the faster side; best swept rule "
                   f"({best[1]}, {best[2]}): {best[0]:.1%} (inf: never the kernel)",
@@ -319,9 +337,47 @@ def size_rule(a, threads) -> int:
     return 0
 
 
+def dtypes_of(spec: str):
+    return [{"fp32": torch.float32, "bf16": torch.bfloat16}[d] for d in spec.split(",")]
+
+
 def current_rule() -> str:
-    return ", ".join(f"{str(d).replace('torch.', '')}: {rule}"
-                     for d, rule in cpu_spmm.SIZE_RULE.items()) + " (other dtypes: torch)"
+    """The rule at the current thread count: the machine's (measured) and the fixed one."""
+    return ", ".join(f"{str(d).replace('torch.', '')}: {cpu_spmm.machine_rule(d)} (fixed "
+                     f"{cpu_spmm.SIZE_RULE.get(d)})" for d in cpu_spmm.KERNEL_DTYPES)
+
+
+def probe(a, threads) -> int:
+    """``--probe``: the probe's measurement now, per thread count and dtype, beside the
+    cached rule (replaced with ``--write``)."""
+    for t in threads:
+        torch.set_num_threads(t)
+        for dtype in dtypes_of(a.rule_dtypes):
+            cached = cpu_spmm_probe.cached_entry(dtype, t)
+            before = load()
+            t0 = time.perf_counter()
+            times = cpu_spmm_probe.measure(dtype, cpu_spmm.kernel_product,
+                                       cpu_spmm.probe_torch_product)
+            spent = time.perf_counter() - t0
+            rule = (cpu_spmm_probe.store(dtype, t, times, spent) if a.write
+                    else cpu_spmm_probe.rule_of(times))
+            print(json.dumps({
+                "what": "probe", "threads": t, "dtype": str(dtype).replace("torch.", ""),
+                "nnz": cpu_spmm_probe.probe_nnz(),
+                "kernel_ms": {w: round(k * 1e3, 3) for w, (k, _) in sorted(times.items())},
+                "torch_ms": {w: round(s * 1e3, 3) for w, (_, s) in sorted(times.items())},
+                "rule": rule, "cached_before": cached and cached["rule"],
+                "cached_load": cached and cached.get("load"), "written": a.write,
+                "probe_s": round(spent, 3), "load_before": before, "load": load(),
+                "cache": cpu_spmm_probe.cache_path()}))
+    return 0
+
+
+def picked_loss(rows) -> float:
+    """Mean over ``rows`` of (time of the side the library picks, column ``rule``) / (the
+    faster side's) − 1."""
+    lost = [r[r["rule"] + "_s"] / min(r["gnnpar_s"], r["torch_s"]) - 1 for r in rows]
+    return statistics.mean(lost) if lost else 0.0
 
 
 def rule_loss(rows, min_width, min_work) -> float:

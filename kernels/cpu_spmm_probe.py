@@ -1,0 +1,310 @@
+"""Which CPU product is faster for a float32 or bf16 SpMM on this machine: measured once, kept.
+
+Under ``GNNPAR_SPMM=auto`` (:mod:`gnnpar.kernels.cpu_spmm`) a product goes to the compiled
+kernel or to torch's (MKL) by a size rule, per feature dtype a pair ``(min_width,
+min_work)``: the kernel serves products at least ``min_width`` wide with at least
+``min_work`` multiply-adds (nnz·width). Which product is faster depends on the CPU (its
+vector width, caches and memory, MKL's code path for it) and on the thread count, so the rule
+is measured on the machine at hand rather than written down once.
+
+**The probe** (:func:`measure`). One CSR matrix, :data:`PROBE_ROWS` square with
+:data:`PROBE_DEGREE` entries a row at uniformly drawn columns (a fixed seed), times H of each
+width of :data:`PROBE_WIDTHS`, in the dtype asked for, at the calling process's torch thread
+count. Both sides write into a reused output, as the library calls them. Every round times
+each width on both sides back to back, the order alternating; a warm-up round first (it
+compiles or loads the kernel), then :data:`PROBE_ROUNDS` rounds, and each side's best time is
+kept: the question is which side is faster, and the least disturbed run answers it. The
+kernel takes a width where its time is under :data:`MARGIN` × torch's. The rule
+(:func:`rule_of`) gives the kernel the products at least as wide as the narrowest probed
+width from which it wins at every wider probed width, and at least as large as the probe's
+product at that width; products narrower or smaller than that were not measured and stay on
+torch (a product wider than the widest probed follows the widest). The probe is
+(:data:`PROBE_ROUNDS` + 1) × 2 × len(:data:`PROBE_WIDTHS`) products of 2¹⁷ entries, run once per
+machine key by the first process whose product is large enough to be decided by it; the
+cache entry records what it took (``probe_s``, numba's import and the kernel's first load
+included).
+
+**The cache.** The rule is kept in ``spmm_rule.json`` under ``$GNNPAR_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/gnnpar``, else ``~/.cache/gnnpar``), one entry per machine key
+(:func:`machine_key`: the CPU's model name and instruction-set flags, torch's and numba's
+versions, the thread count) and dtype, with the times it was decided from and the load
+average then. The file is read and written under an exclusive ``flock`` on
+``spmm_rule.json.lock``, and the entry looked up again once the lock is held: ranks that
+start together do not each probe; the first measures and writes, the others wait for it
+and read its entry. The file is replaced whole (a temporary file renamed over it), so a
+reader never sees half of it. A file that cannot be parsed, or an entry of another shape, is
+ignored: the probe runs again and the file is rewritten. ``python scripts/bench_spmm.py
+--probe --write`` measures again and replaces the entries (e.g. once the machine is quiet).
+
+**Where the probe cannot run** (the cache folder cannot be created or written, the lock is not
+had within :data:`LOCK_WAIT_S`, or a product of the probe fails) the caller's fixed rule
+serves. Probing in each process instead would let two ranks of one run, or a run and its
+``--resume``, decide differently on noisy timings; the fixed rule is the same everywhere.
+
+The choice changes only a product's last bits, within the rounding of its sum: both products
+add each row's entries in CSR order in float32 (``tests/exact.py`` states the bound). A run and
+its resume choose alike while the cached entry stands; ``GNNPAR_SPMM`` (``torch``, ``numba``
+or ``fixed``) pins the choice without probing.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+import warnings
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+#: folder of gnnpar's small per-machine caches (this rule); see the module docstring
+CACHE_ENV = "GNNPAR_CACHE_DIR"
+FILE_NAME = "spmm_rule.json"
+#: the file's format; a file of another version is ignored and rewritten
+VERSION = 1
+PROBE_ROWS = 1 << 14
+PROBE_DEGREE = 8
+PROBE_WIDTHS = (32, 128, 256)
+PROBE_ROUNDS = 3
+#: the kernel takes a width where its best time is under this fraction of torch's
+MARGIN = 0.9
+#: seconds a process waits for another's probe before it takes the fixed rule
+LOCK_WAIT_S = 60.0
+
+Rule = Optional[Tuple[int, int]]
+#: ``(A, h, out) -> out``: one side's product into a reused output
+Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def probe_nnz() -> int:
+    return PROBE_ROWS * PROBE_DEGREE
+
+
+def measurable(width: int, work: int) -> bool:
+    """Whether a product ``width`` wide of ``work`` multiply-adds is as large as the smallest
+    the probe measures: only such a product can be given to the kernel by a measured rule,
+    so a smaller one never starts the probe."""
+    return width >= PROBE_WIDTHS[0] and work >= probe_nnz() * PROBE_WIDTHS[0]
+
+
+def cache_dir() -> str:
+    """``$GNNPAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/gnnpar``, else ``~/.cache/gnnpar``."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return given
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gnnpar")
+
+
+def _cpu() -> Tuple[str, str]:
+    """The CPU's model name and its instruction-set flags (``/proc/cpuinfo``), else what
+    :mod:`platform` knows."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                name = name.strip().lower()
+                if name in ("model name", "cpu model", "hardware") and not model:
+                    model = value.strip()
+                elif name in ("flags", "features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return model or platform.processor() or "unknown", flags
+
+
+def machine_key(threads: int) -> str:
+    """What the rule depends on: CPU model, its flags (hashed), torch's and numba's
+    versions, and the thread count."""
+    import numba
+    model, flags = _cpu()
+    digest = hashlib.sha1(flags.encode()).hexdigest()[:12]
+    return (f"{platform.machine()} {model} flags:{digest} torch {torch.__version__} "
+            f"numba {numba.__version__} threads {threads}")
+
+
+def probe_matrix() -> torch.Tensor:
+    """The probe's CSR matrix: uniform columns, a fixed seed, sorted within each row."""
+    rng = np.random.default_rng(0)
+    n, d = PROBE_ROWS, PROBE_DEGREE
+    cols = np.sort(rng.integers(0, n, size=(n, d)), axis=1).reshape(-1)
+    indptr = np.arange(0, n * d + 1, d, dtype=np.int64)
+    values = rng.random(n * d, dtype=np.float32)
+    with warnings.catch_warnings():  # torch calls its CSR tensors "beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(torch.from_numpy(indptr), torch.from_numpy(cols),
+                                       torch.from_numpy(values), (n, n),
+                                       check_invariants=False)
+
+
+def measure(dtype: torch.dtype, kernel_mm: Product, torch_mm: Product,
+            rounds: int = PROBE_ROUNDS) -> Dict[int, Tuple[float, float]]:
+    """``{width: (kernel's best seconds, torch's best seconds)}`` of the probe's product in
+    ``dtype`` at the current torch thread count (see the module docstring)."""
+    A = probe_matrix()
+    gen = torch.Generator().manual_seed(0)
+    cases = []
+    for w in PROBE_WIDTHS:
+        h = torch.randn(PROBE_ROWS, w, generator=gen).to(dtype)
+        cases.append((w, h, torch.empty(PROBE_ROWS, w, dtype=dtype)))
+    best = {w: [float("inf"), float("inf")] for w in PROBE_WIDTHS}
+    for r in range(rounds + 1):  # round 0 warms up
+        for w, h, out in cases:
+            order = (0, 1) if r % 2 else (1, 0)
+            for side in order:
+                mm = kernel_mm if side == 0 else torch_mm
+                t = time.perf_counter()
+                mm(A, h, out)
+                t = time.perf_counter() - t
+                if r:
+                    best[w][side] = min(best[w][side], t)
+    return {w: (k, t) for w, (k, t) in best.items()}
+
+
+def rule_of(times: Dict[int, Tuple[float, float]]) -> Rule:
+    """``(min_width, min_work)`` from :func:`measure`'s times: the narrowest probed width
+    from which the kernel wins at every wider probed width, and the probe's work there;
+    ``None`` (never the kernel) where it does not win at the widest."""
+    chosen = None
+    for w in sorted(times, reverse=True):
+        kernel_s, torch_s = times[w]
+        if not kernel_s < MARGIN * torch_s:
+            break
+        chosen = w
+    return None if chosen is None else (chosen, probe_nnz() * chosen)
+
+
+def _entry_rule(entry) -> Tuple[bool, Rule]:
+    """``(valid, rule)`` of a cached entry; anything of another shape is not valid."""
+    if not isinstance(entry, dict) or "rule" not in entry:
+        return False, None
+    rule = entry["rule"]
+    if rule is None:
+        return True, None
+    if (isinstance(rule, list) and len(rule) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in rule)):
+        return True, (rule[0], rule[1])
+    return False, None
+
+
+def read_cache(path: str) -> dict:
+    """The file's entries, ``{key: {dtype name: entry}}``; empty for a missing or unreadable
+    file or one of another format or version."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not (isinstance(data, dict) and data.get("version") == VERSION
+            and isinstance(data.get("entries"), dict)):
+        return {}
+    return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+
+
+def _write_cache(path: str, entries: dict) -> None:
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".spmm_rule.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"version": VERSION, "entries": entries}, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(path: str, wait_s: float):
+    """An exclusive ``flock`` on ``path`` (created if need be) for a ``with`` block; raises
+    :class:`TimeoutError` after ``wait_s`` seconds of another holder."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{path} held by another process") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def cache_path() -> str:
+    return os.path.join(cache_dir(), FILE_NAME)
+
+
+def cached_entry(dtype: torch.dtype, threads: int) -> Optional[dict]:
+    """This machine's cached entry for ``dtype`` at ``threads`` threads, if a valid one is
+    kept (read without the lock: the file is only ever replaced whole)."""
+    entry = read_cache(cache_path()).get(machine_key(threads), {}).get(_name(dtype))
+    return entry if _entry_rule(entry)[0] else None
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _keep(path: str, entries: dict, key: str, name: str,
+          times: Dict[int, Tuple[float, float]], probe_s: float) -> Rule:
+    """Put the rule of ``times`` into ``entries`` and the file (the lock held); returns it."""
+    rule = rule_of(times)
+    entries.setdefault(key, {})[name] = {
+        "rule": None if rule is None else list(rule),
+        "times_s": {str(w): [k, s] for w, (k, s) in sorted(times.items())},
+        "probe_s": round(probe_s, 4), "load": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _write_cache(path, entries)
+    return rule
+
+
+def measured_rule(dtype: torch.dtype, threads: int, kernel_mm: Product, torch_mm: Product,
+                  fallback: Rule) -> Rule:
+    """The size rule for ``dtype`` at ``threads`` threads on this machine: the cached entry,
+    else probed now and cached; ``fallback`` where that cannot be done (see the module
+    docstring)."""
+    try:
+        path = cache_path()
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        key, name = machine_key(threads), _name(dtype)
+        valid, rule = _entry_rule(read_cache(path).get(key, {}).get(name))
+        if valid:
+            return rule
+        with _locked(path + ".lock", LOCK_WAIT_S):
+            entries = read_cache(path)  # another process may have probed while this one waited
+            valid, rule = _entry_rule(entries.get(key, {}).get(name))
+            if valid:
+                return rule
+            t = time.perf_counter()
+            times = measure(dtype, kernel_mm, torch_mm)
+            return _keep(path, entries, key, name, times, time.perf_counter() - t)
+    except Exception:  # noqa: BLE001 - no cache, no lock or a failed product: the fixed rule
+        return fallback
+
+
+def store(dtype: torch.dtype, threads: int, times: Dict[int, Tuple[float, float]],
+          probe_s: float) -> Rule:
+    """Replace this machine's cached entry for ``dtype`` at ``threads`` threads with the rule
+    of ``times`` (a probe run again, ``scripts/bench_spmm.py --probe --write``); returns it.
+    Processes that already read the old entry keep it until they end."""
+    path = cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _locked(path + ".lock", LOCK_WAIT_S):
+        return _keep(path, read_cache(path), machine_key(threads), _name(dtype), times,
+                     probe_s)
