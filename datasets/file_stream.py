@@ -4,7 +4,8 @@ Both kinds of reader yield blocks of rows, so an input larger than memory can be
 into a cache (:mod:`.ingest`): :func:`iter_csv_gz` decompresses and parses a bounded number of
 bytes per step and says at which line a block starts (errors name the file and line);
 :func:`iter_npz_rows` and :func:`iter_npz_edges` read one array of an ``.npz`` (stored or
-deflated) straight from its zip member, never the whole array. :func:`npz_headers` reads
+deflated) straight from its zip member, never the whole array (a deflated Fortran-ordered
+feature array through a scratch copy on disk). :func:`npz_headers` reads
 only the ``.npy`` headers, to judge sizes before anything is loaded.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import struct
 import zipfile
 import zlib
 from typing import Dict, Iterator, Optional, Sequence, Tuple
@@ -210,19 +212,34 @@ def _read(f, nbytes: int, dtype, what: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype)
 
 
-def iter_npz_rows(path: str, key: str, block: Optional[int] = None) -> Iterator[Tuple[int, np.ndarray]]:
-    """``(first row, rows)`` of array ``key`` of an ``.npz``, about ``block`` bytes at a time
-    (a Fortran-ordered array is loaded whole, then cut)."""
+def iter_npz_rows(path: str, key: str, block: Optional[int] = None,
+                  scratch: Optional[str] = None) -> Iterator[Tuple[int, np.ndarray]]:
+    """``(first row, rows)`` of array ``key`` of an ``.npz``, about ``block`` bytes at a time.
+
+    A C-ordered array is read from its zip member in order. A Fortran-ordered one holds each
+    column (each index of the trailing dims) whole, one after another, so a block of rows is a
+    piece of every column: read by offset from the zip file itself when the member is stored
+    (``np.savez``), else from a copy of the member written to ``scratch`` in one sequential
+    pass (deflated, ``np.savez_compressed``: a deflated stream cannot be read from the middle)
+    and deleted once read. Without ``scratch`` a deflated Fortran-ordered array is loaded
+    whole (for a build that holds every array in memory anyway)."""
     block = block or BLOCK_BYTES
     try:
         with zipfile.ZipFile(path) as zf, zf.open(f"{key}.npy") as f:
             shape, fortran, dtype = _member_header(f)
             if fortran and len(shape) > 1:
-                with np.load(path, allow_pickle=False) as z:
-                    arr = z[key]
-                step = max(1, block // max(1, arr[:1].nbytes))
-                for start in range(0, arr.shape[0], step):
-                    yield start, arr[start:start + step]
+                info = zf.getinfo(f"{key}.npy")
+                if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:
+                    yield from _fortran_rows(path, _stored_data_offset(path, info) + f.tell(),
+                                             shape, dtype, block, key)
+                elif scratch is not None:
+                    yield from _fortran_rows_via(f, scratch, shape, dtype, block, key)
+                else:
+                    with np.load(path, allow_pickle=False) as z:
+                        arr = z[key]
+                    step = max(1, block // max(1, arr[:1].nbytes))
+                    for start in range(0, arr.shape[0], step):
+                        yield start, arr[start:start + step]
                 return
             tail = tuple(shape[1:])
             row = dtype.itemsize * math.prod(tail)
@@ -234,6 +251,61 @@ def iter_npz_rows(path: str, key: str, block: Optional[int] = None) -> Iterator[
         raise
     except _NPZ_ERRORS as exc:
         raise _damaged(path, exc) from None
+
+
+def _stored_data_offset(path: str, info: zipfile.ZipInfo) -> int:
+    """Where a stored member's bytes start in the zip file: after its local header (whose
+    name and extra field may differ in length from the central directory's)."""
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        local = fh.read(30)
+    if len(local) != 30 or local[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header for {info.filename}")
+    name_len, extra_len = struct.unpack("<HH", local[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _fortran_rows(path: str, offset: int, shape, dtype, block: int, key: str):
+    """Row blocks of a Fortran-ordered ``shape`` array whose data start at ``offset`` in the
+    file ``path``: each block one read per column, transposed into C order."""
+    n, tail = int(shape[0]), tuple(int(d) for d in shape[1:])
+    cols, size = math.prod(tail), dtype.itemsize
+    step = max(1, block // max(1, cols * size))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for start in range(0, n, step):
+            k = min(step, n - start)
+            by_col = np.empty((cols, k), dtype)
+            for c in range(cols):
+                data = os.pread(fd, k * size, offset + (c * n + start) * size)
+                if len(data) != k * size:
+                    raise EOFError(f"'{key}' ends early")
+                by_col[c] = np.frombuffer(data, dtype)
+            # element (i, j0, j1, ...) is column j0 + j1·d1 + ...: the tail in Fortran order
+            yield start, np.ascontiguousarray(by_col.T.reshape((k,) + tail, order="F"))
+    finally:
+        os.close(fd)
+
+
+def _fortran_rows_via(member, scratch: str, shape, dtype, block: int, key: str):
+    """:func:`_fortran_rows` of a deflated member (positioned at its data): its bytes are
+    first copied to ``scratch`` in one pass, ``block`` bytes at a time."""
+    nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+    try:
+        with open(scratch, "wb") as out:
+            left = nbytes
+            while left:
+                data = member.read(min(block, left))
+                if not data:
+                    raise EOFError(f"'{key}' ends {left} bytes early")
+                out.write(data)
+                left -= len(data)
+        yield from _fortran_rows(scratch, 0, shape, dtype, block, key)
+    finally:
+        try:
+            os.unlink(scratch)
+        except OSError:
+            pass
 
 
 def iter_npz_edges(path: str, key: str, block: Optional[int] = None

@@ -115,7 +115,7 @@ def _binary_layout(out, raw: str, directed: bool, say):
                                    lambda first, i: f"{data}: edge_index column {first + i}"),
                 n, directed, say)
     say(f"ogb: features from {data}", force=True)
-    write_features(out, iter_npz_rows(data, "node_feat"), n, data)
+    write_features(out, iter_npz_rows(data, "node_feat", scratch=out.scratch("node-feat")), n, data)
     labels = load_npz_arrays(label_file, ("node_label",))["node_label"]
     if not np.issubdtype(labels.dtype, np.number):
         raise InputError(f"{raw}/node-label.npz: node_label must be numeric, got {labels.dtype}")

@@ -200,7 +200,7 @@ def write_npz(out, path: str, directed: bool = False,
     write_edges(out, checked_edges(iter_npz_edges(path, "edge_index"), n,
                                    lambda first, i: f"{path}: edge_index column {first + i}"),
                 n, directed, progress)
-    write_features(out, iter_npz_rows(path, "x"), n, path)
+    write_features(out, iter_npz_rows(path, "x", scratch=out.scratch("npz-x")), n, path)
     out.write("y", y)
     for name, mask in zip(_MASKS, masks):
         out.write(name, mask)
