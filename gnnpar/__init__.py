@@ -16,6 +16,7 @@ gnnpar.…`` and the scripts import gnnpar first; spawned ranks inherit the envi
   ``OMP_WAIT_POLICY=active`` (spin) or ``GOMP_SPINCOUNT=300000`` (libgomp's own default).
   A process that imported torch before gnnpar keeps what its OpenMP runtime read then.
 """
+import importlib as _importlib
 import os as _os
 
 __version__ = "0.1.0"
@@ -36,9 +37,12 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")) and all(
     __path__.append(_root)  # noqa: F821  (package __path__)
 
 
-def load_model(path: str, device="cpu"):
-    """The model ``gnnpar-train --save-model PATH`` wrote, weights loaded, in evaluation mode
-    (:func:`gnnpar.saved_model.load_model`; imported on first use so that ``import gnnpar``
-    stays light)."""
-    from .saved_model import load_model as _load
-    return _load(path, device)
+#: the library's functions, each imported from its module on first use (PEP 562), so that
+#: ``import gnnpar`` stays light (no torch) for the tools that do not need them
+_API = {"load_model": "gnnpar.saved_model"}
+
+
+def __getattr__(name):
+    if name in _API:
+        return getattr(_importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'gnnpar' has no attribute {name!r}")
