@@ -20,8 +20,9 @@ try:
 except ImportError:  # not a Unix: no rlimits
     resource = None
 
-#: environment variable holding the memory limit in bytes (``gnnpar-train --max-memory`` sets it,
-#: so spawned ranks inherit it); units are accepted too: ``64GiB``, ``2e11``.
+#: environment variable holding the memory limit in bytes (the ``--max-memory`` of gnnpar-train,
+#: gnnpar-partition and gnnpar-plan sets it, ``gnnpar.cli_common.apply_max_memory``, so spawned
+#: ranks and forked jobs inherit it); units are accepted too: ``64GiB``, ``2e11``.
 MAX_BYTES_ENV = "GNNPAR_MAX_BYTES"
 #: share of this machine's memory (physical RAM, the cgroup limit or ``ulimit -v``, the
 #: smallest) that an input may need before it is refused, when no limit is set.

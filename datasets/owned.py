@@ -17,14 +17,20 @@ folder, if any, holds this path" (the nearest folder above it with a marker, a d
 ``meta.json`` or an older gnnpar's shard ``meta.json``), and :func:`refuse_claimed` turns a hit
 into exit 2 for every output path of every tool, whoever's folder it is.
 
+A ``--cache-dir`` is the user's folder, not gnnpar's: gnnpar owns only the entries it writes
+there (:data:`CACHE_ENTRY`, one ``KIND-HASH`` folder per spec), so outputs may sit beside them
+and :func:`cache_overlap` refuses only a path inside an entry, built or still to be built.
+
 One writer at a time: :class:`FolderLock` is an exclusive ``flock`` on ``FOLDER/.gnnpar-lock``
 holding the holder's pid and host; checkpoint folders and shard folders both use it.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import re
 import socket
 import time
 import warnings
@@ -134,6 +140,32 @@ def write_marker(folder: str, claim_: Mapping[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- whose folder is this
+#: the names gnnpar gives what it writes into a ``--cache-dir``: an entry per spec,
+#: ``KIND-HASH`` (20 hex digits of the spec's key, :func:`cache_entry_name`), and its hidden
+#: temporaries ``.KIND-HASH.tmp-*`` (being written) and ``.KIND-HASH.old-*`` (being replaced)
+CACHE_ENTRY = re.compile(r"[a-z]+-[0-9a-f]{20}|\.[a-z]+-[0-9a-f]{20}\.(?:tmp|old)-.+")
+
+
+def cache_entry_name(kind: str, key: str) -> str:
+    """The entry of a ``--cache-dir`` that holds the graph of spec kind ``kind`` whose cache
+    key is ``key`` (:func:`gnnpar.datasets.spec.cache_key`)."""
+    return f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+
+
+def cache_overlap(path: str, cache_dir: str) -> str:
+    """How output ``path`` meets the dataset cache folder ``cache_dir`` (links resolved):
+    ``"overwrite"`` when it is that folder, ``"write into"`` when it is or lies inside one of
+    its entries (:data:`CACHE_ENTRY`, whether built yet or not: gnnpar replaces or deletes an
+    entry as a whole), ``""`` otherwise: the rest of the folder is the user's."""
+    inner, root = os.path.realpath(path), os.path.realpath(cache_dir)
+    if inner == root:
+        return "overwrite"
+    if not inner.startswith(root.rstrip(os.sep) + os.sep):
+        return ""
+    first = os.path.relpath(inner, root).split(os.sep)[0]
+    return "write into" if CACHE_ENTRY.fullmatch(first) else ""
+
+
 def _meta_kind(folder: str) -> Optional[str]:
     """What the ``meta.json`` of ``folder`` says gnnpar wrote there without a marker."""
     path = os.path.join(folder, "meta.json")

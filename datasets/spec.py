@@ -13,7 +13,6 @@ otherwise every graph is undirected (both directions stored).
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import shutil
@@ -23,6 +22,7 @@ from typing import Callable, Optional
 from .cache import CacheWriter, load_cache
 from .errors import InputError
 from .graph import Graph
+from .owned import cache_entry_name
 from .readers import read_npz, read_ogb, write_npz, write_ogb
 from .synthetic import rmat, sbm, write_rmat, write_sbm
 
@@ -205,6 +205,15 @@ def _write_cache(kind: str, params: dict, directed: bool, folder: str, meta: dic
     return graph
 
 
+def cache_entry(cache_dir: str, spec: str, directed: bool = False) -> Optional[str]:
+    """The folder of ``cache_dir`` that :func:`load_dataset` stores the graph of ``spec`` in
+    (None for a ``cache:`` spec, which is read where it is)."""
+    kind, _ = parse_spec(spec)
+    if kind == "cache":
+        return None
+    return os.path.join(cache_dir, cache_entry_name(kind, cache_key(spec, directed)))
+
+
 def load_dataset(spec: str, directed: bool = False, cache_dir: Optional[str] = None,
                  progress: Optional[Callable[[str], None]] = None) -> Graph:
     """Build or read the graph a spec names; always validated.
@@ -223,7 +232,7 @@ def load_dataset(spec: str, directed: bool = False, cache_dir: Optional[str] = N
         graph.meta.update(spec=spec, from_cache=kind == "cache")
         return graph.validate()
     key = cache_key(spec, directed)
-    folder = os.path.join(cache_dir, f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:20]}")
+    folder = os.path.join(cache_dir, cache_entry_name(kind, key))
     if os.path.isdir(folder):
         try:
             graph = load_cache(folder)

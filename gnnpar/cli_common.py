@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from gnnpar.datasets import InputError
-from gnnpar.datasets.limits import disk_full_message, is_disk_full
+from gnnpar.datasets.limits import MAX_BYTES_ENV, disk_full_message, is_disk_full, parse_bytes
 
 EXIT_OK, EXIT_INTERNAL, EXIT_BAD_INPUT = 0, 1, 2
 #: a lost rank: a peer died, hung, or never joined a launched world (the same code as
@@ -108,6 +108,29 @@ def check_bounds(args) -> None:
         if value > bound.hi:
             raise InputError(f"{flag} must be at most {bound.hi:,} ({bound.why}), "
                              f"got {value:,}")
+
+
+# ---------------------------------------------------------------- the memory limit
+def add_max_memory_arg(p) -> None:
+    """``--max-memory SIZE``, the flag every memory refusal names (``datasets/limits.py``):
+    every tool that loads or sizes a graph has it."""
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="largest memory an input may need before it is refused, e.g. 64GiB "
+                        "(default: env GNNPAR_MAX_BYTES, else 80%% of this machine's memory)")
+
+
+def apply_max_memory(args) -> None:
+    """``--max-memory``: checked, and put in the environment (``GNNPAR_MAX_BYTES``), where
+    the size checks, forked jobs and spawned ranks read it. Called before any work."""
+    if getattr(args, "max_memory", None) is None:
+        return
+    try:
+        value = parse_bytes(args.max_memory)
+    except InputError as e:
+        raise InputError(f"--max-memory: {e}") from None
+    if value <= 0:
+        raise InputError(f"--max-memory must be > 0, got {args.max_memory}")
+    os.environ[MAX_BYTES_ENV] = repr(float(value))
 
 
 def run_cli(body: Callable[[], int], debug: bool, prog: str) -> int:

@@ -10,7 +10,7 @@ import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, InputError, parse_spec
 from gnnpar.datasets.limits import check_memory, check_num_classes
-from gnnpar.datasets.owned import check_writable_folder, refuse_claimed
+from gnnpar.datasets.owned import cache_overlap, check_writable_folder, refuse_claimed
 from gnnpar.datasets.reorder import ORDERS
 from gnnpar.kernels.algorithms import ALGORITHMS
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
@@ -299,13 +299,17 @@ def _inputs(args):
     for flag in ("partition_dir", "checkpoint_dir", "cache_dir"):
         value = getattr(args, flag, None)
         if value:
-            out.append((f"--{flag.replace('_', '-')} {value}", value, True))
+            out.append((f"--{flag.replace('_', '-')} {value}", value,
+                        "cache" if flag == "cache_dir" else True))
     return out
 
 
 def _overlaps(out: str, inp: str, folder: bool = False) -> str:
     """"overwrite" when ``out`` is ``inp`` (by inode or resolved path), "write into" when it
-    lies inside ``inp``, a folder (``folder``: one, existing or not, gnnpar reads or owns)."""
+    lies inside ``inp``, a folder (``folder``: one, existing or not, gnnpar reads or owns;
+    ``"cache"``: a --cache-dir, of which gnnpar owns only the entries)."""
+    if folder == "cache":
+        return cache_overlap(out, inp)
     try:
         if os.path.exists(out) and os.path.exists(inp) and os.path.samefile(out, inp):
             return "overwrite"
@@ -379,6 +383,7 @@ def check_output_folders(args) -> None:
         refuse_claimed(flag, path, include_self=flag == "--cache-dir")
     for flag, path in folders:
         for other, where in folders:
-            if other != flag and _overlaps(path, where, folder=True):
+            kind = "cache" if other == "--cache-dir" else True  # a cache: only its entries
+            if other != flag and _overlaps(path, where, kind):
                 raise InputError(f"{flag} {path} lies inside {other} {where}; give folders "
                                  "that do not hold one another")

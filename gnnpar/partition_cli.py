@@ -18,7 +18,14 @@ Without ``--out`` nothing is written (use it with ``--report``). ``--out`` must 
 or a folder gnnpar wrote shards into (anything else in it is refused with exit 2, nothing
 touched), and must not lie inside another gnnpar folder; a rewrite removes only gnnpar's own
 files. One run writes a folder at a time: a second ``--out`` of the same folder exits 2 naming
-the run that holds it. Also ``python -m
+the run that holds it. ``--out`` may lie in the ``--cache-dir`` folder, beside its entries
+(``KIND-HASH`` folders, gnnpar's), not inside one.
+
+Every flag is checked before anything is loaded (:func:`check_flags`), and a partitioner
+setting the ``--method`` would ignore is refused rather than dropped (``--imbalance`` with
+block or random, ``--threads`` without kaminpar, ``--balance`` with random). An input whose
+memory estimate is over the limit is refused; ``--max-memory SIZE`` (or ``GNNPAR_MAX_BYTES``)
+raises it, as in ``gnnpar-train`` and ``gnnpar-plan``. Also ``python -m
 gnnpar.partition_cli``. Exit codes: 0 success, 2 bad input (one line on stderr; ``--debug`` adds
 the traceback), 1 internal error.
 """
@@ -32,16 +39,18 @@ import resource
 import sys
 import time
 
-from gnnpar.datasets import InputError, load_dataset
-from gnnpar.datasets.owned import refuse_claimed
+from gnnpar.datasets import InputError, load_dataset, parse_spec
+from gnnpar.datasets.owned import cache_overlap, refuse_claimed
 from gnnpar.partitioners import (DEFAULT_BALANCE, METHODS, GridSpec, format_report, partition_graph, report,
                                  write_shards)
+from gnnpar.partitioners.dispatch import DEFAULT_IMBALANCE, READS
+from gnnpar.partitioners.metis import check_tolerance
 from gnnpar.partitioners.part_pool import default_jobs
-from gnnpar.partitioners.shard_build import ShardBuilder
+from gnnpar.partitioners.shard_build import ShardBuilder, check_norms
 from gnnpar.partitioners.shard_folder import check_shard_disk, shard_writer
 from gnnpar.partitioners.shards import dataset_source
 
-from .cli_common import check_bounds, run_cli
+from .cli_common import add_max_memory_arg, apply_max_memory, check_bounds, run_cli
 
 PROG = "gnnpar-partition"
 
@@ -58,16 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=METHODS, default="metis", help="partitioner (default: metis)")
     p.add_argument("--balance", choices=("nodes", "edges"), default=None,
                    help="quantity to balance: vertices, or row non-zeros with each row weighted "
-                        "too (default: edges for metis/kaminpar, nodes for block)")
-    p.add_argument("--seed", type=int, default=0, help="partitioner seed (default: 0)")
+                        "too (default: edges for metis/kaminpar, nodes for block; refused with "
+                        "random, which balances sizes only in expectation)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="partitioner seed of random, metis and kaminpar (block has no randomness; "
+                        "default: 0)")
     p.add_argument("--threads", type=int, default=None,
                    help="KaMinPar's threads (default: every core this process may use; KaMinPar's "
-                        "partition then varies from run to run: give 1 for one repeatable from --seed)")
+                        "partition then varies from run to run: give 1 for one repeatable from "
+                        "--seed); refused with the other methods, which run on one core")
     p.add_argument("--jobs", type=int, default=None, metavar="J",
                    help="processes building the shards' rows, J parts at a time (default: every "
                         "core this process may use)")
-    p.add_argument("--imbalance", type=float, default=0.03,
-                   help="allowed imbalance of metis/kaminpar, fraction of the mean (default: 0.03)")
+    p.add_argument("--imbalance", type=float, default=None,
+                   help=f"allowed imbalance of metis/kaminpar, a fraction of the mean in (0, 1] "
+                        f"(default: {DEFAULT_IMBALANCE}); refused with block and random, which "
+                        "have no tolerance to set")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write shards to this folder (default: write nothing)")
     p.add_argument("--norms", default="gcn,mean",
@@ -83,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_max_memory_arg(p)
     return p
 
 
@@ -92,11 +108,7 @@ def run(args) -> int:
         if not args.quiet:
             print(f"[{PROG}] {msg}", file=sys.stderr, flush=True)
 
-    check_bounds(args)  # --parts, --seed, --feat-width
-    grid = GridSpec.parse(args.grid) if args.grid else None
-    if grid is not None and grid.size != args.parts:
-        raise InputError(f"--grid {args.grid} has {grid.size} ranks but --parts is {args.parts}; they must be equal")
-    norms = tuple(k for k in args.norms.split(",") if k)
+    grid, norms = check_flags(args)
     if not args.out and not args.report:
         raise InputError("nothing to do: give --out DIR to write shards, --report to print quality, or both")
     if grid is not None and not args.report:
@@ -107,6 +119,10 @@ def run(args) -> int:
         refuse_claimed("--cache-dir", args.cache_dir, include_self=True)
     if args.out:
         refuse_claimed("--out", args.out)  # not inside another run's shards, checkpoints, cache
+        if args.cache_dir and cache_overlap(args.out, args.cache_dir) == "write into":
+            raise InputError(f"--out {args.out} lies inside an entry of --cache-dir "
+                             f"{args.cache_dir} (its KIND-HASH folders are gnnpar's dataset "
+                             "caches, replaced whole); give a path beside them")
         if args.cache_dir and _inside(args.cache_dir, args.out):
             raise InputError(f"--cache-dir {args.cache_dir} lies inside --out {args.out}; a "
                              "shard folder holds only shards: give another cache folder")
@@ -143,6 +159,33 @@ def run(args) -> int:
             print(format_report(rep))
         print(_format_figures(rep))
     return 0
+
+
+def check_flags(args):
+    """Every flag, checked before anything is loaded or written (exit 2, one line): bounds,
+    ``--max-memory``, the dataset spec, ``--grid``, ``--norms``, ``--imbalance``, and no
+    partitioner setting the chosen method would ignore. Returns ``(grid or None, norms)``."""
+    check_bounds(args)  # --parts, --seed, --threads, --jobs, --feat-width
+    apply_max_memory(args)
+    parse_spec(args.dataset)  # its keys and values; the files it names are read by the load
+    grid = GridSpec.parse(args.grid) if args.grid else None
+    if grid is not None and grid.size != args.parts:
+        raise InputError(f"--grid {args.grid} has {grid.size} ranks but --parts is {args.parts}; they must be equal")
+    try:
+        norms = check_norms(k for k in args.norms.split(",") if k)
+    except InputError as e:
+        raise InputError(f"--norms {args.norms}: {e}") from None
+    if args.imbalance is not None:
+        try:
+            check_tolerance(args.imbalance)
+        except InputError as e:
+            raise InputError(f"--imbalance: {e}") from None
+    for name in ("balance", "imbalance", "threads"):
+        if getattr(args, name) is not None and name not in READS[args.method]:
+            readers = [m for m in METHODS if name in READS[m]]
+            raise InputError(f"--{name} is not read by --method {args.method} (only by "
+                             f"{' and '.join(readers)}); leave it out or choose one of those")
+    return grid, norms
 
 
 def _jobs(args) -> int:
@@ -186,8 +229,9 @@ def _partition(args, say, phases: dict):
         f"(balance {args.balance or DEFAULT_BALANCE[args.method]}"
         f"{f', {threads} threads' if args.method == 'kaminpar' else ''})")
     t0 = time.perf_counter()
+    imbalance = DEFAULT_IMBALANCE if args.imbalance is None else args.imbalance
     part = partition_graph(graph, args.parts, args.method, seed=args.seed, balance=args.balance,
-                           imbalance=args.imbalance, threads=threads)
+                           imbalance=imbalance, threads=threads)
     phases["partition"] = time.perf_counter() - t0
     say(f"partitioned in {phases['partition']:.1f} s")
     return graph, part

@@ -27,7 +27,7 @@ import os
 import sys
 
 from gnnpar.datasets import InputError, load_dataset
-from gnnpar.datasets.limits import MAX_BYTES_ENV, parse_bytes
+from gnnpar.datasets.limits import parse_bytes
 from gnnpar.datasets.owned import refuse_claimed
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
 from gnnpar.kernels.comm import WIRE_DTYPES
@@ -38,30 +38,14 @@ from gnnpar.partitioners import partition_graph
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
 from .attention import GAT_HEADS, check_heads
-from .cli_common import MAX_RANKS, DefaultsHelpFormatter, check_bounds, run_cli
+from .cli_common import (MAX_RANKS, DefaultsHelpFormatter, add_max_memory_arg, apply_max_memory,
+                         check_bounds, run_cli)
 from .precision import PRECISIONS
 
 PROG = "gnnpar-plan"
 #: most ranks a plan is made for: ranking every grid of a world size takes time and memory
 #: in proportion to it (and to its number of factorisations), and no machine has more.
 MAX_WORLD = MAX_RANKS
-
-
-def add_max_memory_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-memory", default=None, metavar="SIZE",
-                   help="largest memory an input may need before it is refused, e.g. 64GiB "
-                        "(default: env GNNPAR_MAX_BYTES, else 80%% of this machine's memory)")
-
-
-def apply_max_memory(args) -> None:
-    """``--max-memory``: checked, and put in the environment, where the size checks (and
-    spawned ranks) read it."""
-    if getattr(args, "max_memory", None) is None:
-        return
-    value = parse_bytes(args.max_memory)
-    if value <= 0:
-        raise InputError(f"--max-memory must be > 0, got {args.max_memory}")
-    os.environ[MAX_BYTES_ENV] = repr(float(value))
 
 
 def _positive_finite(flag: str, value) -> None:
@@ -223,6 +207,7 @@ def run_calibrate(args) -> int:
 
 def run(args) -> int:
     check_bounds(args)  # --threads, --seed, --hidden, --layers: before any work
+    apply_max_memory(args)  # the probe's graphs are judged by it too
     if args.calibrate:
         return run_calibrate(args)
     if args.world is None:
@@ -231,7 +216,6 @@ def run(args) -> int:
         raise InputError("--partitioner needs --dataset (the graph to partition)")
     if args.dataset is None and (args.nodes is None or args.edges is None):
         raise InputError("give --dataset SPEC, or --nodes N and --edges M")
-    apply_max_memory(args)
     _check_model_flags(args)
     check_heads(args.model, args.heads, args.hidden)
     if args.world < 1:

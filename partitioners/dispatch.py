@@ -34,10 +34,17 @@ from .random_part import random_partition
 METHODS = ("block", "random", "metis", "kaminpar")
 #: method -> the quantity balanced when ``balance`` is not given
 DEFAULT_BALANCE = {"block": "nodes", "random": "nodes", "metis": "edges", "kaminpar": "edges"}
+#: the tolerance of METIS and KaMinPar when ``imbalance`` is not given (3 % over the mean)
+DEFAULT_IMBALANCE = 0.03
+#: method -> the settings of :func:`partition_graph` besides ``parts`` and ``seed`` it reads
+#: (it ignores the others: ``gnnpar-partition`` refuses them given with that method)
+READS = {"block": ("balance",), "random": (), "metis": ("balance", "imbalance"),
+         "kaminpar": ("balance", "imbalance", "threads")}
 
 
 def partition_graph(graph: Graph, parts: int, method: str = "metis", seed: int = 0,
-                    balance: str = None, imbalance: float = 0.03, threads: int = 1) -> Partition:
+                    balance: str = None, imbalance: float = DEFAULT_IMBALANCE,
+                    threads: int = 1) -> Partition:
     """Partition ``graph``'s vertices into ``parts`` parts with ``method``; validated result.
     ``balance=None``: the method's default (:data:`DEFAULT_BALANCE`). ``threads``: KaMinPar's
     (one keeps it deterministic per seed; the other methods run on one core)."""

@@ -11,6 +11,7 @@ import pytest
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.owned import MARKER, claim, claiming_folder
+from gnnpar.datasets.spec import cache_entry
 from gnnpar.options import build_parser, check_args
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shards import dataset_source
@@ -83,6 +84,25 @@ def test_outputs_beside_gnnpar_folders_are_accepted(folders, tmp_path):
     # the run's own folders of their own kind are fine: reading shards, resuming checkpoints
     _check(["--algo", "1d", "--nprocs", "2", "--partition-dir", str(folders["shards"])])
     _check(["--checkpoint-dir", str(folders["ckpt"]), "--resume", "--seed", "7"])
+
+
+def test_the_cache_folder_is_the_users_its_entries_gnnpars(folders, tmp_path):
+    """Outputs beside a --cache-dir's entries are accepted (the folder itself is the user's);
+    inside an entry, built or the one this run would build, they are refused."""
+    cache = str(folders["base"] / "cache")
+    _check(["--cache-dir", cache, "--log-json", os.path.join(cache, "log.jsonl"),
+            "--save-model", os.path.join(cache, "m.pt"),
+            "--checkpoint-dir", os.path.join(cache, "ck")])
+    fresh = str(tmp_path / "fresh")
+    entry = cache_entry(fresh, SPEC)
+    for argv, flag in [(["--log-json", os.path.join(entry, "log.jsonl")], "--log-json"),
+                       (["--checkpoint-dir", entry], "--checkpoint-dir"),
+                       (["--checkpoint-dir", fresh], "--checkpoint-dir"),
+                       (["--save-model", os.path.join(str(folders["cache"]), "m.pt")],
+                        "--save-model")]:
+        with pytest.raises(InputError, match=flag):
+            _check(["--cache-dir", fresh, *argv])
+    assert not os.path.exists(fresh)
 
 
 def test_claiming_folder_names_the_nearest_gnnpar_folder(folders, tmp_path):
