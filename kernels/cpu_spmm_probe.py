@@ -217,6 +217,7 @@ def _write_cache(path: str, entries: dict) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump({"version": VERSION, "entries": entries}, fh, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's readers
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
