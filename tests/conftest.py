@@ -1,5 +1,8 @@
 """Suite-wide settings, inherited by every rank and command the tests start.
 
+``GNNPAR_SPMM=fixed`` (unless set): every CPU product follows the fixed size rule, never the
+machine's probe (``kernels/cpu_spmm_probe.py``), so which product runs does not depend on how
+busy the machine was when a probe ran; the probe's own tests set what they need.
 ``GNNPAR_COMM_STRICT=1``: a gnnpar module that calls a ``torch.distributed`` collective itself
 (instead of going through ``gnnpar.kernels.comm``) fails the test that reaches it. And no
 test may leave a SIGTERM handler behind in the test process. ``no_work``: a fixture under which
@@ -11,6 +14,7 @@ import signal
 import pytest
 
 os.environ["GNNPAR_COMM_STRICT"] = "1"
+os.environ.setdefault("GNNPAR_SPMM", "fixed")
 
 import gnnpar.launch  # noqa: E402 (after the setting, which modules may read)
 import gnnpar.partition_cli  # noqa: E402
