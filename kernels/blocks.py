@@ -10,16 +10,12 @@ concatenation, in a given rank order, of the rows those ranks own; positions ins
 
 Which ownership the 2D/3D/4D kernels use is the *block layout*: ``"balanced"`` (the random
 balanced assignment; what ``gnnpar-train`` runs, :func:`layout_options`) or ``"parts"`` (the
-shards' partition). Measured on ``rmat:scale=13,ef=16`` under METIS, max/mean non-zeros per rank
-is 2.2 (p=4, 2x2) and 4.0 (p=8, 2x4) with ``"parts"`` against 1.05 with ``"balanced"`` (3D
-2x2x2: 4.1-4.2 against 1.09-1.12); the 2D halo variant then moves 17-36 % more bytes in all,
-but the busiest rank, which sets the epoch, sends about the same (p=4: 4.98 vs 4.51 MB per
-3-layer GCN step; p=8: 4.54 vs 5.29 MB) and in 3D less (7.2 vs 12.1 MB at 2x2x2). Under
-METIS balancing edges (the partitioners' default now) the parts give 1.07 / 1.21 (2D) and up to
-1.27 / 1.58 (3D) at p = 4 / 8, and at p = 8 the 2D halo's busiest rank sends less with them
-(4.03 vs 4.54 MB): ``"parts"`` stays reachable for that case, but ``"balanced"`` is the
-default because it holds under any partitioner (block, random, node-balanced METIS, a folder
-written by an older gnnpar).
+shards' partition). ``"parts"`` inherits the partitioner's balance, so a partition that
+balances nodes can leave one rank's block with several times the mean non-zeros; the random
+balanced assignment spreads the hubs and keeps every rank near the mean under any partitioner
+(block, random, node-balanced METIS, a folder written by an older gnnpar), so it is the default.
+``"parts"`` stays reachable where a partition balanced by edges sends less from the busiest
+rank. ``tests/test_balance.py`` holds the balanced layout's max/mean non-zeros to its bound.
 
 Everything here runs once, in phase ``setup``; epochs only move H rows.
 """

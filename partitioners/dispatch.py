@@ -15,10 +15,11 @@ the tolerance of the graph partitioners, ``seed`` their randomness (``block`` ha
 
 Default balance (:data:`DEFAULT_BALANCE`): ``edges`` for METIS and KaMinPar, the training
 partitioners, since the slowest rank sets the epoch and a rank's work grows with its rows'
-non-zeros. On ``rmat:scale=16,ef=16`` at 16 parts, balancing nodes leaves max/mean non-zeros per
-part at 6.09 (METIS) and 4.38 (KaMinPar); ``edges`` (vertex weight degree + mean degree) gives
-1.20 / 1.24 with vertices at 1.81 / 1.88, and degree + 1 alone would give 1.03 but vertices at
-3.3, so a rank holding 3.3x the features and dense-layer work. ``block`` keeps ``nodes``: its
+non-zeros. Balancing nodes alone lets a part that holds the hubs carry several times the mean
+non-zeros; ``edges`` weighs each vertex by its degree plus the mean degree, so both a part's
+edges and its vertices (its features and dense-layer work) stay near their means, where degree
++ 1 alone would balance edges at the cost of very uneven vertex counts
+(``tests/test_balance.py`` asserts the bounds). ``block`` keeps ``nodes``: its
 edge balance is the ``edges`` option (row non-zeros of A' + I).
 """
 from __future__ import annotations
