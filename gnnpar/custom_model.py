@@ -6,19 +6,31 @@
 the algorithm or mode; ``ops[i](h)`` is Â·h and ``ops[i].num_dst`` its destination rows,
 the first rows of ``h``) and ``x`` the input features. Its ``norm`` attribute (``"gcn"``,
 ``"mean"`` or ``"sum"``; ``"gcn"`` when it has none) picks the Â the runtime builds. The
-module is imported by name in every rank, so it must be importable there as in the launching
-shell: on ``PYTHONPATH`` or in the working directory (``--nprocs`` ranks inherit both;
-``torchrun``/``srun``/``mpirun`` ranks get the shell's).
+module is imported by name in every rank, as ``python -m`` would: the working directory first,
+then ``sys.path`` (``PYTHONPATH`` included). An installed console script such as
+``gnnpar-train`` has its own ``bin/`` on ``sys.path``, not the working directory, so
+:func:`load_factory` puts the working directory first for the import and keeps it on the path
+afterwards, last, so the module's later imports of its neighbours find them while gnnpar's and
+torch's own later imports are not shadowed by a file there. Each rank calls it itself:
+``--nprocs`` ranks start in the parent's working directory with its ``sys.path``;
+``torchrun``/``srun``/``mpirun`` ranks each run ``gnnpar-train`` in the launcher's working
+directory.
 
 :func:`check_custom` runs when the command line is read, before any data: it imports the
 module, finds the factory and calls it once with the run's ``--hidden``/``--layers``/
-``--dropout`` and small stand-in widths, so a missing module, a missing or non-callable
-factory, a factory that raises or one that returns something that is not a model (or has an
-unknown ``norm``) exits 2 with one line. ``scripts/custom_gnn.py`` is a worked example.
+``--dropout`` and small stand-in widths, so a missing module, a module that fails at import
+(a ``SyntaxError``, with its file and line, or any exception, with its type), a missing or
+non-callable factory, a factory that raises or one that returns something that is not a model
+(or has an unknown ``norm``) exits 2 with one line. ``scripts/custom_gnn.py`` is a worked
+example.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
+import traceback
 
 from torch import nn
 
@@ -40,10 +52,17 @@ def load_factory(name: str):
     if not module_name or not attr:
         raise InputError(f"--model {name}: a custom model is named package.module:factory")
     try:
-        module = importlib.import_module(module_name)
+        with _cwd_first():
+            module = importlib.import_module(module_name)
     except ImportError as exc:
+        if not _is_missing(exc, module_name):  # found, but it imports something missing
+            raise InputError(f"--model {name}: importing {module_name!r} raised "
+                             f"{_described(exc)}") from None
         raise InputError(f"--model {name}: cannot import {module_name!r} ({exc}); put its "
                          "folder on PYTHONPATH or run from it") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line
+        raise InputError(f"--model {name}: importing {module_name!r} raised "
+                         f"{_described(exc)}") from None
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
@@ -53,6 +72,51 @@ def load_factory(name: str):
         raise InputError(f"--model {name}: {attr!r} in {module_name!r} is not callable (a "
                          "factory(f_in, hidden, f_out, layers, dropout) returning a model)")
     return factory
+
+
+@contextlib.contextmanager
+def _cwd_first():
+    """The working directory first on ``sys.path`` for the block (as ``python -m`` has it);
+    after it, still on the path but last (unless it was there already), so what the module
+    imports later is found without the directory shadowing anyone else's imports."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed: nothing to add
+        yield
+        return
+    reachable = any(os.path.realpath(p or os.curdir) == os.path.realpath(cwd)
+                    for p in sys.path if isinstance(p, str))
+    sys.path.insert(0, cwd)
+    importlib.invalidate_caches()  # a module written since the last import is seen
+    try:
+        yield
+    finally:
+        if cwd in sys.path:
+            sys.path.remove(cwd)
+        if not reachable:
+            sys.path.append(cwd)
+
+
+def _is_missing(exc: ImportError, module_name: str) -> bool:
+    """``exc`` says ``module_name`` itself (or a package above it) is not to be found, not
+    something the module imports (nor an ImportError its own code raised)."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return False
+    parts = module_name.split(".")
+    return exc.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def _described(exc: BaseException) -> str:
+    """``Type: message (file:line)``: a SyntaxError's own file and line, else the line of
+    the innermost frame that raised it (outside Python's import machinery)."""
+    if isinstance(exc, SyntaxError):
+        where = f" ({exc.filename}:{exc.lineno})" if exc.filename else ""
+        return f"{type(exc).__name__}: {exc.msg}{where}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen importlib")
+              and os.path.abspath(f.filename) != os.path.abspath(__file__)]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 def build_custom(name: str, f_in: int, hidden: int, f_out: int, layers: int,

@@ -10,14 +10,19 @@ each checkpoint carries them (:func:`final_metrics` of the epochs so far).
 The ``--log-json`` file has one writer: the lead rank (or the single process) holds
 :class:`LogLock` from before its data is loaded until the run's outputs are written, and
 :func:`check_log_free` refuses a busy log at startup, before any work (exit 2, the holder
-named).
+named). The lock's folder lives only as long as the run: however the run ends, it is removed.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
 import math
+import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -30,6 +35,7 @@ from .bootstrap import detect_world
 from .checkpoint import agree_on_error
 from .cli_common import JsonLog, epoch_records, progress
 from .memory import merge_rank_peaks
+from .saved_model import model_payload, write_model_file
 
 _LAST = ("loss", "train_acc", "val_acc", "test_acc")
 
@@ -74,7 +80,13 @@ class LogLock:
     per log, so runs writing other logs in the same folder never wait on each other, and a
     lock that survives the log being cut and replaced on ``--resume``. A path that is no
     regular file (``/dev/stdout``) is not locked. Raises :class:`InputError` naming the
-    holder when another live run has it."""
+    holder when another live run has it.
+
+    The folder is the run's own temporary: :meth:`release` removes it (lock file first, while
+    still locked). A lock is held only on the file that is at the path: one taken on a file
+    its holder has just removed is dropped and the new file taken (:func:`_take`). A run
+    killed before it could remove the folder (SIGKILL) leaves it unlocked: the next run on
+    the log takes it at once and removes it when it ends."""
 
     def __init__(self, path: Optional[str]):
         self.lock: Optional[FolderLock] = None
@@ -82,8 +94,7 @@ class LogLock:
             return
         folder = lock_folder(path)
         try:
-            os.makedirs(folder, exist_ok=True)
-            self.lock = FolderLock(folder, "--log-json")
+            self.lock = _take(folder)
         except FolderBusy as e:
             raise InputError(f"--log-json {path} is being written by another run "
                              f"({e.holder}); wait for it to finish or give another path"
@@ -93,9 +104,51 @@ class LogLock:
                              f"{e.filename or folder})") from None
 
     def release(self) -> None:
+        """Remove the lock file and its folder, then let go (a second call does nothing)."""
         if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+            lock, self.lock = self.lock, None
+            try:
+                _remove(lock)
+            finally:
+                lock.release()
+
+
+#: how often :func:`_take` starts again after a holder removed the lock as it was taken
+_TAKE_ATTEMPTS = 100
+
+
+def _take(folder: str) -> FolderLock:
+    """The lock in ``folder`` (made if missing), held on the file at its path; FolderBusy
+    when a live run holds it. A holder that ends removes the file and the folder while a
+    second run takes them: that run finds the folder gone, the file gone while it read the
+    holder's pid, or its lock on a removed file, and starts again."""
+    unknown = 0
+    for _ in range(_TAKE_ATTEMPTS):
+        os.makedirs(folder, exist_ok=True)
+        try:
+            lock = FolderLock(folder, "--log-json")
+        except FileNotFoundError:  # the folder went with the holder that just ended
+            continue
+        except FolderBusy as e:
+            if e.holder == "pid unknown" and unknown < 3:  # it ended while its pid was read
+                unknown += 1
+                continue
+            raise
+        if lock.current():
+            return lock
+        lock.release()  # a file its holder removed as it ended: not the lock any more
+    raise OSError(errno.EAGAIN, "the lock kept being replaced while it was taken", folder)
+
+
+def _remove(lock: FolderLock) -> None:
+    """Remove the lock file of ``lock`` (held) and its folder, if the file is still the one
+    at the path; a folder another run has already put its own lock file in stays (that run
+    removes it)."""
+    if not lock.current():
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(lock.path)
+        os.rmdir(os.path.dirname(lock.path))
 
 
 def lock_folder(path: str) -> str:
@@ -108,7 +161,8 @@ def lock_folder(path: str) -> str:
 def holding_log(path: Optional[str]):
     """Hold the log's :class:`LogLock` (``path`` None: nothing to hold) for the block, and
     make every rank of the process group raise the same InputError when the lead's log is
-    busy (the other ranks pass ``None`` and learn it from the lead)."""
+    busy (the other ranks pass ``None`` and learn it from the lead). However the block ends
+    the lock folder is removed; on SIGTERM too (:func:`_removed_on_sigterm`)."""
     lock, refused = None, None
     try:
         lock = LogLock(path)
@@ -120,17 +174,51 @@ def holding_log(path: Optional[str]):
             lock.release()
         raise InputError(refused)
     try:
-        yield
+        with _removed_on_sigterm(lock):
+            yield
     finally:
         if lock is not None:
             lock.release()
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm(lock: Optional[LogLock]):
+    """While the block runs, a SIGTERM that would end this process at once (the default
+    action) first removes the lock folder, then ends it as the default would (killed by
+    SIGTERM). Only where this process can run a handler and nothing else handles SIGTERM: in
+    the main thread of a process that is not a ``--nprocs`` rank (the spawning parent
+    removes what such a rank leaves: :func:`check_log_free`). A handler installed meanwhile
+    (a checkpointing run's) takes over and ends the run through ``finally``, which removes
+    the folder."""
+    if (lock is None or lock.lock is None or mp.parent_process() is not None
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def remove_then_die(signum, frame):
+        if lock.lock is not None:
+            with contextlib.suppress(OSError):
+                _remove(lock.lock)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, remove_then_die)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def check_log_free(path: Optional[str]) -> None:
     """At startup, before any work: exit 2 (InputError naming the holder) when another live
     run writes the log ``path``. Only the process that will write it checks (a launched
     rank other than 0 would see its own lead's lock); the lead takes the lock for good in
-    :func:`holding_log`."""
+    :func:`holding_log`.
+
+    The checking process also removes, when it exits, a lock folder that no live run holds
+    any more (:func:`_remove_free_lock_folders`): the one a ``--nprocs`` lead rank leaves
+    when its parent kills it after another rank failed."""
     if not path:
         return
     try:
@@ -138,7 +226,25 @@ def check_log_free(path: Optional[str]) -> None:
     except InputError:  # a contradictory launch: launch() reports it
         return
     if lead:
-        LogLock(path).release()
+        if os.path.isdir(os.path.dirname(os.path.abspath(path))):  # else no run writes it
+            LogLock(path).release()
+        if not _CHECKED:
+            atexit.register(_remove_free_lock_folders)
+        _CHECKED.add(os.path.abspath(path))
+
+
+#: the logs :func:`check_log_free` checked in this process
+_CHECKED: set = set()
+
+
+def _remove_free_lock_folders() -> None:
+    """At exit: remove the lock folder of every log this process checked that exists and no
+    live run holds (one that is held stays: it is that run's)."""
+    for path in sorted(_CHECKED):
+        if not os.path.isdir(lock_folder(path)):
+            continue
+        with contextlib.suppress(Exception):  # at exit: never a traceback of our own
+            LogLock(path).release()
 
 
 def diverged_epoch(history: List[dict]) -> Optional[int]:
@@ -149,25 +255,11 @@ def diverged_epoch(history: List[dict]) -> Optional[int]:
 
 
 def save_weights(path: str, model, spec, shapes: Dict[str, int]) -> None:
-    """Weights plus what rebuilding the model needs (``torch.load(weights_only=True)`` safe).
-    A file is replaced atomically (written beside it, then renamed), so a failed save leaves
-    the previous one whole."""
-    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}  # loads anywhere
-    payload = {"state_dict": weights, "model": spec.model, "layers": spec.layers,
-               "hidden": spec.hidden, **shapes}
-    if spec.model == "gat":
-        payload["heads"] = getattr(spec, "heads", None)
-    if os.path.exists(path) and not os.path.isfile(path):  # a device such as /dev/null
-        torch.save(payload, path)
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Weights plus what rebuilding the model needs, a GAT's heads and attention dropout
+    resolved (:mod:`gnnpar.saved_model`: ``torch.load(weights_only=True)`` safe, read back by
+    :func:`gnnpar.load_model`). A file is replaced atomically (written beside it, then
+    renamed), so a failed save leaves the previous one whole."""
+    write_model_file(path, model_payload(model, spec, shapes))
 
 
 class EpochProfiler:

@@ -27,6 +27,12 @@ from .logged import check_log_free
 from .resume import check_checkpoint_args
 from .sampling.options import add_minibatch_args, check_mode_args
 
+#: longest ``--timeout`` (seconds), a week: longer than any wait of a healthy run (a partition
+#: of the largest graph takes hours), and inside what the value reaches in every rank:
+#: ``datetime.timedelta`` (it overflows past ~2.7 million years) and C timeouts counted in
+#: milliseconds (``poll(2)`` takes a 32-bit count: ~24.8 days)
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
 #: flags only ``--algo auto`` reads (the cost model's); it chooses the layout flags itself
 AUTO_FLAGS = ("mem_cap", "bandwidth", "latency", "calibration")
 
@@ -145,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds a collective may wait before every rank fails, and how "
                         "long a rank's heartbeat may be silent before it is named lost "
-                        "(exit 3; default 300)")
+                        f"(exit 3): more than 0, at most {MAX_TIMEOUT_S:,} (a week); "
+                        "default 300")
     add_minibatch_args(p)
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
@@ -210,6 +217,9 @@ def check_args(args) -> None:
                          "parallelism) has none")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InputError(f"--timeout must be a finite number > 0 seconds, got {args.timeout}")
+    if args.timeout > MAX_TIMEOUT_S:  # it becomes a timedelta and C timeouts in every rank
+        raise InputError(f"--timeout must be at most {MAX_TIMEOUT_S:,} seconds (a week), "
+                         f"got {args.timeout:g}")
     if args.profile is not None and not 0 <= args.profile < args.epochs:
         raise InputError(f"--profile {args.profile} is not an epoch of this run "
                          f"(0..{args.epochs - 1})")

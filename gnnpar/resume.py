@@ -11,7 +11,8 @@ alone, so their position needs no state of its own.)
 
 A checkpoint folder belongs to one run identity (:func:`run_meta`: dataset/partition
 fingerprint, model shape, dropout, seed, learning rate and weight decay, world size, grid,
-algorithm, mode and the mini-batch settings). Before any epoch runs:
+algorithm, mode and the mini-batch settings; a GAT's heads and attention dropout as the model
+uses them, :func:`attention_settings`). Before any epoch runs:
 
 - ``DIR`` is claimed (``gnnpar.datasets.owned``, kind ``checkpoints``): a new or empty folder
   is marked with the identity; a folder holding anything gnnpar did not write, another kind
@@ -46,6 +47,7 @@ from gnnpar.datasets.owned import (check_claimable, check_identity, check_writab
                                    read_claim, write_marker)
 from gnnpar.sampling.neighbor import parse_fanouts
 
+from .attention import GAT_HEADS
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
                          agree_on_failure, agree_on_step, capture_rng, file_name, list_steps,
                          load_step, rank_dir, read_verified, restore_rng, save_checkpoint)
@@ -64,7 +66,9 @@ class Checkpointing:
         self.dir = rank_dir(self.base, rank) if self.base else None
         self.rank = rank
         self.every, self.keep = spec.checkpoint_every, spec.checkpoint_keep
-        self.resume, self.meta = spec.resume, json.loads(json.dumps(dict(meta)))
+        self.resume = spec.resume
+        self.meta = as_recorded(json.loads(json.dumps(dict(meta))),
+                                recorded_identity(self.base))
         self.last_epoch = int(spec.epochs) - 1
         self.model, self.opt, self.quiet = model, opt, quiet
         self.epoch = -1
@@ -294,7 +298,7 @@ def check_checkpoint_args(args) -> None:
         # what the flags alone decide (dataset fingerprint and world layout come at setup;
         # an unset --macrobatch is resolved with the device, in the run's spec)
         theirs = found["identity"]
-        mine = {k: v for k, v in run_meta(args, 0, [], None).items()
+        mine = {k: v for k, v in as_recorded(run_meta(args, 0, [], None), theirs).items()
                 if k not in ("world_size", "grid", "fingerprint", "macrobatch") and k in theirs}
         check_identity(folder, {"identity": {k: theirs[k] for k in mine}}, mine, WHAT)
     if not args.resume:  # on this host's disk; every rank checks its own again at setup
@@ -319,9 +323,7 @@ def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
             "weight_decay": float(spec.weight_decay),
             "variant": getattr(spec, "variant", None),
             "replication": getattr(spec, "replication", None)}
-    if spec.model == "gat":
-        meta.update({"heads": getattr(spec, "heads", None),
-                     "attn_dropout": getattr(spec, "attn_dropout", None)})
+    meta.update(attention_settings(spec))
     if mode == "minibatch":
         macro = getattr(spec, "macrobatch", None)
         meta.update({"fanouts": list(parse_fanouts(spec.fanouts)),
@@ -330,3 +332,35 @@ def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
                      "group_size": getattr(spec, "group_size", None),
                      "replace": bool(getattr(spec, "replace", False))})
     return meta
+
+
+def attention_settings(spec) -> dict:
+    """A GAT's ``heads`` and ``attn_dropout`` as the model uses them: ``--heads`` or
+    :data:`~gnnpar.attention.GAT_HEADS`, ``--attn-dropout`` or ``--dropout``'s (a run that
+    spells out a default is the same run as one that leaves it out); empty for other
+    models."""
+    if spec.model != "gat":
+        return {}
+    heads, attn = getattr(spec, "heads", None), getattr(spec, "attn_dropout", None)
+    return {"heads": int(GAT_HEADS if heads is None else heads),
+            "attn_dropout": float(spec.dropout if attn is None else attn)}
+
+
+def as_recorded(meta: dict, recorded: Optional[dict]) -> dict:
+    """``meta`` in the form the ``recorded`` identity of an existing folder has it: gnnpar
+    once recorded a GAT's ``heads``/``attn_dropout`` as given, None for the default, so where
+    ``recorded`` has None and ``meta`` the default, None is kept (the same run: its folder
+    stays resumable and keeps one identity throughout)."""
+    if not recorded or meta.get("model") != "gat":
+        return meta
+    defaults = {"heads": GAT_HEADS, "attn_dropout": meta.get("dropout")}
+    return {k: None if k in defaults and k in recorded and recorded[k] is None
+            and v == defaults[k] else v for k, v in meta.items()}
+
+
+def recorded_identity(folder: Optional[str]) -> Optional[dict]:
+    """The run identity marked on the checkpoint folder ``folder``, if it has one."""
+    found = read_claim(folder) if folder and os.path.isdir(folder) else None
+    if found is None or found.get("kind") != KIND or not isinstance(found.get("identity"), dict):
+        return None
+    return found["identity"]

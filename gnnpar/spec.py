@@ -2,10 +2,11 @@
 
 ``RunSpec.from_args(args)`` checks the parsed flags (:func:`gnnpar.options.check_args`: bad
 values and flags the run would ignore are refused with the flag's name), resolves the
-device and parses ``--grid`` and ``--fanouts``. The launcher (:mod:`gnnpar.launch`) then
-makes the world-size decisions — ``--algo auto``'s algorithm, grid and variant, the
-backend — with :meth:`RunSpec.evolve`, before any rank starts; every layer below reads the
-spec and none rewrites it (``dataclasses.FrozenInstanceError`` if one tries).
+device and a GAT's ``--heads``/``--attn-dropout`` defaults and parses ``--grid`` and
+``--fanouts``. The launcher (:mod:`gnnpar.launch`) then makes the world-size decisions —
+``--algo auto``'s algorithm, grid and variant, the backend — with :meth:`RunSpec.evolve`,
+before any rank starts; every layer below reads the spec and none rewrites it
+(``dataclasses.FrozenInstanceError`` if one tries).
 
 Field names are the flags' (``--weight-decay`` → ``weight_decay``); the defaults are the
 parser's (a test keeps them equal), so ``RunSpec(algo="1d", nprocs=2)`` is a valid spec for
@@ -26,6 +27,7 @@ from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.grid import parse_grid
 
 from .options import check_args
+from .resume import attention_settings
 from .sampling.neighbor import parse_fanouts
 from .sampling.options import pipeline_depth
 
@@ -44,8 +46,8 @@ class RunSpec:
     layers: int = 2
     hidden: int = 64
     dropout: float = 0.5
-    heads: Optional[int] = None
-    attn_dropout: Optional[float] = None
+    heads: Optional[int] = None  #: a GAT's, resolved by ``from_args`` (None: the default)
+    attn_dropout: Optional[float] = None  #: a GAT's, resolved by ``from_args``
     # training
     epochs: int = 100
     lr: float = 0.01
@@ -103,10 +105,13 @@ class RunSpec:
     @classmethod
     def from_args(cls, args) -> "RunSpec":
         """Check the parsed flags and freeze them (the device resolved, grid and fanouts
-        parsed)."""
+        parsed, a GAT's heads and attention dropout resolved to what the model uses, so the
+        checkpoints and the saved model record the same values whether a default was
+        spelled out or left out)."""
         check_args(args)
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                   if hasattr(args, f.name)}
+        values.update(attention_settings(args))
         values["device"] = str(pick_device(args.device))
         if getattr(args, "mode", None) == "minibatch":  # every rank resolves them alike
             values["macrobatch"], values["prefetch"] = pipeline_depth(

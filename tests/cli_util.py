@@ -21,3 +21,17 @@ def run_interpreted(script: str, done: str, timeout=600) -> None:
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=timeout, cwd=ROOT)
     assert res.returncode == 0 and done in res.stdout, res.stderr[-3000:]
+
+
+def installed(tool: str) -> str:
+    """The console script ``tool`` (``gnnpar-train``, …) installed beside this Python."""
+    return os.path.join(os.path.dirname(sys.executable), tool)
+
+
+def run_installed(tool, *argv, cwd, timeout=300, launcher=(), env=None):
+    """The installed console script ``tool ARGV`` run from ``cwd`` as a user runs it: no
+    ``PYTHONPATH`` (``env``: variables to set besides), optionally under ``launcher``
+    (``[mpirun, "-n", "2"]``); the finished CompletedProcess."""
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **(env or {})}
+    return subprocess.run([*launcher, installed(tool), *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -45,11 +45,14 @@ def test_a_busy_log_is_exit_2_naming_the_holder_before_any_work(tmp_path, capsys
         err = capsys.readouterr().err
         assert f"--log-json {log} is being written by another run (pid {os.getpid()})" in err
         assert log.read_text() == '{"epoch": 0}\n'
+        assert os.path.isdir(lock_folder(str(log)))  # the refused run left the holder's lock
     finally:
         held.release()
+    assert not os.path.exists(lock_folder(str(log)))  # the holder removes its lock folder
     monkeypatch.undo()
     if not extra:  # the holder is gone: the log is free again
         assert main([*DATA, "--epochs", "2", "--log-json", str(log)]) == 0
+        assert sorted(os.listdir(tmp_path)) == ["log.jsonl"]  # and no lock folder stays
 
 
 def test_a_log_that_is_no_file_is_not_locked(tmp_path):
@@ -149,6 +152,7 @@ def test_two_runs_started_together_on_one_log_never_corrupt_it(tmp_path, capsys)
                 assert (f"--log-json {log} is being written by another run "
                         f"(pid {worker.p.pid})") in err, err
             check_log(log)
+            assert not os.path.exists(lock_folder(str(log)))  # both runs ended: none left
         assert refused >= 3, f"only {refused} of 24 rounds overlapped"
     finally:
         worker.close()
