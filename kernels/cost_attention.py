@@ -21,6 +21,10 @@ makes (:data:`GAT_CALLS`):
 - backward: ``r_in`` of the source scores' and z's gradients; ``r_out`` of the destination
   scores' and the row sums' (H each); ``g_out`` of the row sums' (H) and the product's (z).
 
+Under ``--precision bf16`` (a float32 wire) the two widths travel in different dtypes: z and
+the product's rows are bf16 (autocast's projection), the scores float32 (a bf16 z times a
+float32 attention vector is promoted), and so are the softmax's row maxima and sums.
+
 Each algorithm's entry gives its moves exactly (``Cost.moves``) and estimated
 (``Cost.moves_estimate``); a 1D entry without them has its in axis only, taken from its
 ``exact``/``padding`` or ``estimate`` (:func:`exact_moves`, :func:`estimated_moves`).
@@ -28,7 +32,7 @@ Each algorithm's entry gives its moves exactly (``Cost.moves``) and estimated
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -56,16 +60,23 @@ class Moves:
             out.pad[name] = pad[0] if pad else 0
         return out
 
-    def gat_layer(self, heads: int, z: int, wire: int = F32):
-        """(bytes, padded bytes, messages) of one GAT layer, forward and backward; ``wire``:
-        bytes an element of every move but the maximum's."""
+    def gat_layer(self, heads: int, z: int, wire: int = F32, score_wire: Optional[int] = None,
+                  scores: Optional["Moves"] = None):
+        """(bytes, padded bytes, messages) of one GAT layer, forward and backward: its z-wide
+        moves at ``wire`` bytes an element, its heads-wide ones (scores, row maxima and sums,
+        their gradients) at ``score_wire`` (default ``wire``; the maximum's all-to-all at
+        float32 whatever the wire). ``scores``: the moves whose padding the heads-wide ones
+        take (default these), when the two widths travel in dtypes whose reductions pad
+        differently (a float32 reduce-scatter pads, a low-precision one does not)."""
+        score_wire = wire if score_wire is None else score_wire
+        scores = self if scores is None else scores
         nbytes = padded = msgs = 0
         for move, (a, b) in GAT_CALLS.items():
             if move not in self.rows:
                 continue
-            width, each = a * heads + b * z, (F32 if move == "m_out" else wire)
-            nbytes = nbytes + self.rows[move] * width * each
-            padded = padded + self.pad[move] * width * each
+            each = F32 if move == "m_out" else score_wire
+            nbytes = nbytes + self.rows[move] * (a * heads * each + b * z * wire)
+            padded = padded + scores.pad[move] * a * heads * each + self.pad[move] * b * z * wire
             msgs = msgs + self.msgs[move] * (a + b)
         return nbytes, padded, msgs
 

@@ -26,8 +26,9 @@ entry's, the call :mod:`gnnpar.rank` makes) turns the run's settings into builde
 lay their blocks out with, turns the partition into the ownership the blocks are built on —
 the seeded balanced layout for 2d/3d/4d under ``--block-layout balanced``, the partition for
 the others (:func:`run_structure`). :func:`wire_bytes` sizes the exchanged features
-(``--comm-dtype``, ``--precision bf16``); the weights' gradient all-reduce and 3d's Â pieces
-stay as they are. The logical busiest-rank bytes (``comm_bytes_max_rank``) are then exactly
+(``--comm-dtype``, ``--precision bf16``), :func:`score_wire_bytes` a GAT's heads-wide
+exchanges (float32 under ``--precision bf16``); the weights' gradient all-reduce and 3d's Â
+pieces stay as they are. The logical busiest-rank bytes (``comm_bytes_max_rank``) are then exactly
 what the run logs under that name (``tests/test_cost_exact.py``).
 
 **The critical path.** An epoch runs at the pace of its busiest rank: every collective waits
@@ -82,8 +83,8 @@ from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gat
 
 __all__ = ["Structure", "Machine", "spmm_widths", "param_count", "allreduce_bytes",
            "epoch_traffic", "estimate_traffic", "memory_bytes", "epoch_time", "candidates",
-           "rank_algorithms", "epoch_work", "predict", "wire_bytes", "run_options",
-           "run_structure"]
+           "rank_algorithms", "epoch_work", "predict", "wire_bytes", "score_wire_bytes",
+           "run_options", "run_structure"]
 
 
 def __getattr__(name: str):
@@ -112,6 +113,15 @@ def wire_bytes(settings=None) -> int:
     wire = WIRE_DTYPES[getattr(settings, "comm_dtype", None) or "fp32"]
     if wire is None and (getattr(settings, "precision", None) or "fp32") == "bf16":
         wire = torch.bfloat16
+    return F32 if wire is None else int(wire.itemsize)
+
+
+def score_wire_bytes(settings=None) -> int:
+    """Bytes an element of a GAT's heads-wide exchanges (its scores, the softmax's row maxima
+    and sums, their gradients) travels at: the ``--comm-dtype`` when it is not fp32, else
+    float32 — under ``--precision bf16`` too, where the scores are a bf16 z times a float32
+    attention vector, which torch promotes to float32 (:mod:`gnnpar.attention`)."""
+    wire = WIRE_DTYPES[getattr(settings, "comm_dtype", None) or "fp32"]
     return F32 if wire is None else int(wire.itemsize)
 
 
@@ -152,11 +162,12 @@ def run_structure(structure: Structure, options: dict) -> Structure:
 # ----------------------------------------------------------------- exact per-rank traffic
 def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[int], dims=None,
                   variant: str = "halo", layers: int = 0, rotate: bool = True,
-                  wire: int = F32) -> Dict[str, np.ndarray]:
+                  wire: int = F32, score_wire: Optional[int] = None) -> Dict[str, np.ndarray]:
     """Exact per-rank ``bytes`` (logical, as :attr:`Comm.bytes` counts them), ``padded``
     (what really moves, as :attr:`Comm.padded` counts it) and ``messages`` of one epoch
     (``dims``: (pr, pc) for 2d, c for 1.5d, (px, py, pz) for 3d/4d; ``layers``/``rotate`` as
-    the 3d builder; ``wire``: bytes an element of the exchanged features, :func:`wire_bytes`).
+    the 3d builder; ``wire``: bytes an element of the exchanged features, :func:`wire_bytes`;
+    ``score_wire``: a GAT's heads-wide exchanges', :func:`score_wire_bytes`, default ``wire``).
     ``structure.owner`` is the ownership the blocks are built on (:func:`run_structure` turns
     a partition into the run's)."""
     p = structure.p
@@ -165,7 +176,7 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
     heads = gat_heads(kind)
     if heads is not None:
         return _attention_traffic(structure, algo, heads, widths, dims, variant, layers, rotate,
-                                  wire, reduce)
+                                  wire, wire if score_wire is None else score_wire)
     counts = _cost(algo).exact(structure, dims, variant, layers, rotate)
     pad_fwd, pad_bwd = _padding(algo)(structure, dims, variant, reduce=reduce)
     # counts whose padding is not rows × f (3d: feature slices and Â pieces) give it in bytes
@@ -189,13 +200,17 @@ def epoch_traffic(structure: Structure, algo: str, kind: str, widths: Sequence[i
 
 
 def _attention_traffic(structure, algo, heads, widths, dims, variant, layers, rotate, wire,
-                       reduce) -> Dict[str, np.ndarray]:
-    """:func:`epoch_traffic` of a GAT: each layer's moves (:mod:`.cost_attention`)."""
-    moves = exact_moves(_cost(algo), structure, dims, variant, layers, rotate, reduce)
+                       score_wire) -> Dict[str, np.ndarray]:
+    """:func:`epoch_traffic` of a GAT: each layer's moves (:mod:`.cost_attention`); a
+    reduction pads unless its dtype is narrower than float32, so the heads-wide moves take
+    their padding from moves of their own wire's rule."""
+    moves, scores = (exact_moves(_cost(algo), structure, dims, variant, layers, rotate, w >= F32)
+                     for w in (wire, score_wire))
     pairs = list(zip(widths[:-1], widths[1:]))
     nbytes = padded = msgs = np.zeros(structure.p, np.int64)
     for l, (_, fo) in enumerate(pairs):
-        b, pd, k = moves(l).gat_layer(heads, gat_z_width(heads, fo, l == len(pairs) - 1), wire)
+        b, pd, k = moves(l).gat_layer(heads, gat_z_width(heads, fo, l == len(pairs) - 1), wire,
+                                      score_wire, scores(l))
         nbytes, padded, msgs = nbytes + b, padded + pd, msgs + k
     nbytes = nbytes + allreduce_bytes(param_count(gat_kind(heads), widths), structure.p)
     msgs = msgs + 2 * coll(structure.p)
@@ -238,10 +253,10 @@ def _dense_per_row(kind: str, widths: Sequence[int]) -> float:
 # ----------------------------------------------------------------- estimates (no partition)
 def estimate_traffic(n: int, m: int, p: int, algo: str, kind: str, widths: Sequence[int],
                      dims=None, variant: str = "halo", cut_fraction: Optional[float] = None,
-                     wire: int = F32) -> Dict[str, float]:
+                     wire: int = F32, score_wire: Optional[int] = None) -> Dict[str, float]:
     """Average-rank ``bytes``, ``messages`` per epoch and ``recv_rows`` (rows of H a rank holds
     beyond its own, for memory) from n, m and the share of non-zeros with a remote column
-    (``wire`` as :func:`epoch_traffic`)."""
+    (``wire``, ``score_wire`` as :func:`epoch_traffic`)."""
     sizes = Sizes.of(n, m, p, cut_fraction)
     spmm = _cost(algo).estimate(sizes, dims, variant)
     nbytes = msgs = 0.0
@@ -255,7 +270,8 @@ def estimate_traffic(n: int, m: int, p: int, algo: str, kind: str, widths: Seque
     if heads is not None:  # the attention layers' own moves, not products'
         mv = estimated_moves(_cost(algo), sizes, dims, variant)
         pairs = list(zip(widths[:-1], widths[1:]))
-        layer = [mv.gat_layer(heads, gat_z_width(heads, fo, l == len(pairs) - 1), wire)
+        layer = [mv.gat_layer(heads, gat_z_width(heads, fo, l == len(pairs) - 1), wire,
+                              score_wire)
                  for l, (_, fo) in enumerate(pairs)]
         nbytes, msgs = float(sum(x[0] for x in layer)), float(sum(x[2] for x in layer))
     nbytes += float(allreduce_bytes(param_count(kind, widths), p).mean())
@@ -370,7 +386,8 @@ def predict(structure: Structure, algo: str, kind: str, widths: Sequence[int], m
     wire = wire_bytes(settings)
     shape = (dims, options.get("variant", variant), options.get("layers", 0),
              options.get("rotate", True))
-    t = epoch_traffic(s, algo, kind, widths, *shape, wire=wire)
+    t = epoch_traffic(s, algo, kind, widths, *shape, wire=wire,
+                      score_wire=score_wire_bytes(settings))
     w = epoch_work(s, algo, kind, widths, *shape)
     comm = machine.latency * t["messages"] + t["padded"] / machine.bandwidth
     compute = (w["spmm_flops"] / machine.spmm_rate + w["dense_flops"] / machine.dense_rate
@@ -416,7 +433,7 @@ def rank_algorithms(n: int, m: int, widths: Sequence[int], world: int, kind: str
         if algos is not None and algo not in algos:
             continue
         t = estimate_traffic(n, m, world, algo, kind, widths, dims, variant, cut_fraction,
-                             wire)
+                             wire, score_wire_bytes(settings))
         mem = memory_bytes(n, m, world, algo, widths, t["recv_rows"], dims, layers)
         if structure is not None:
             t = predict(structure, algo, kind, widths, machine, dims, variant, layers, settings)

@@ -1,10 +1,14 @@
-"""The cost model predicts the bytes runs log: for every algorithm and grid ``gnnpar-plan``
-ranks (and 4d), its busiest rank's logical bytes are the ``comm_bytes_max_rank`` of one
-training step built as ``gnnpar-train`` builds it — the block layout and its seed, the wire
-format — in fp32 and bf16, under METIS and random partitions, at 4 and 6 ranks; every rank's
-logical and padded bytes and messages are exactly the model's. One spawn per (world size,
-partitioner) trains every case in-process (:func:`step_bytes`); two real ``gnnpar-train
---nprocs`` runs check the flags reach the same prediction through ``gnnpar-plan --json``."""
+"""The cost model predicts the bytes runs log, for GCN, SAGE (twice the weights: its gradient
+all-reduce is twice GCN's) and GAT (the edge-valued operations' own moves,
+kernels/cost_attention.py): for every algorithm and grid ``gnnpar-plan`` ranks (and 4d), every
+rank's logical and padded bytes and messages of one training epoch built as ``gnnpar-train``
+builds it — the block layout and its seed, the wire format — are exactly the model's, in fp32,
+on a bf16 wire and under ``--precision bf16``, under METIS and random partitions, at 4 and 6
+ranks; the busiest rank's are the epoch record's ``comm_bytes_max_rank`` and the plan rows'.
+One spawn per (world size, partitioner) trains every case of every model in-process
+(:func:`epoch_counts`); two real ``gnnpar-train --nprocs`` runs check the flags reach the same
+prediction through ``gnnpar-plan --json``. Without a partition the plan's figures are an
+estimate: :func:`test_the_estimate_is_the_mean_rank_on_a_uniform_random_graph` says how close."""
 import json
 from types import SimpleNamespace
 
@@ -18,13 +22,14 @@ from gnnpar.kernels.build import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES
 from gnnpar.kernels.cost_terms import gat_kind
 from gnnpar.kernels.cost_model import (Machine, Structure, candidates, epoch_traffic, predict,
-                                       rank_algorithms, run_options, run_structure, wire_bytes)
+                                       rank_algorithms, run_options, run_structure,
+                                       score_wire_bytes, wire_bytes)
 from gnnpar.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.plan_cli import main as plan_main
 from gnnpar.spawn import spawn
-from gnnpar.trainer import train_step
+from gnnpar.trainer import TrainConfig, fit
 
 from .cli_util import run_train
 from .dist_cases import epoch_bytes, epoch_messages
@@ -32,7 +37,9 @@ from .graphs import random_graph
 
 N, SEED, HIDDEN, LAYERS = 60, 3, 8, 3
 WIDTHS = [6] + [HIDDEN] * (LAYERS - 1) + [3]
-DTYPES = ("fp32", "bf16")
+GAT_HEADS = 2
+#: the model's kind -> the cost model's
+KINDS = {"gcn": "gcn", "sage": "sage", "gat": gat_kind(GAT_HEADS)}
 WORLDS = [(4, "metis"), (4, "random"), (6, "metis"), (6, "random")]
 #: 4d is not ranked (the plan lists its full-batch twin 3d) but is predicted and run alike
 EXTRA = {4: [("4d", (1, 2, 2), "-")], 6: [("4d", (1, 2, 3), "-")]}
@@ -59,18 +66,20 @@ def grid_args(algo, dims):
     return (None, int(dims)) if algo == "1.5d" else (dims, 1)
 
 
-def step_bytes(rank, world, method, runs, kind="gcn"):
-    """Rank body: each run ``(algo, dims, variant, dtype, precision)`` of a ``kind`` model
-    (``"gat"``: :data:`GAT_HEADS` heads) built as
-    :func:`gnnpar.rank._fullbatch` builds it (its entry's options from the run settings, the
-    wire dtype), one training step (:func:`gnnpar.trainer.train_step`), and this rank's bytes
-    of the step's phases with the run's logged ``comm_bytes_max_rank``. Runs that differ only
-    in the wire share one build (the wire is read per collective, and a build's own traffic
-    is phase ``setup``, not the step's)."""
+def epoch_counts(rank, world, method, runs):
+    """Rank body: each run ``(kind, algo, dims, variant, dtype, precision)`` trains one epoch
+    (:func:`gnnpar.trainer.fit`: a training step, the loss's reduction, an evaluation) of a
+    ``kind`` model (``"gat"``: :data:`GAT_HEADS` heads) on the operator
+    :func:`gnnpar.rank._fullbatch` builds (its entry's options from the run settings, the wire
+    dtype). Returns per run this rank's [bytes, padded bytes, messages] of the training step
+    (phases forward, backward, grad_sync), counted when its gradient sum returns, and the
+    epoch record's ``comm_bytes_max_rank``. Runs of one case share its build (the wire is read
+    per collective; a build's traffic, and the plans an edge-valued operator makes on first
+    use, are phase ``setup``, which no epoch counts)."""
     g = graph()
     shard = build_shard(g, partition_graph(g, world, method, seed=SEED), rank, norms=("gcn",))
     out, built = [], {}
-    for algo, dims, variant, dtype, precision in runs:
+    for kind, algo, dims, variant, dtype, precision in runs:
         if (algo, dims, variant) not in built:
             spec = settings(variant, "fp32")
             built = {(algo, dims, variant): DistRuntime(
@@ -81,25 +90,41 @@ def step_bytes(rank, world, method, runs, kind="gcn"):
         torch.manual_seed(0)
         model = GNN(kind, WIDTHS[0], HIDDEN, WIDTHS[-1], layers=LAYERS, dropout=0.0,
                     **({"heads": GAT_HEADS} if kind == "gat" else {}))
-        opt = SimpleNamespace(zero_grad=model.zero_grad, step=lambda: None)  # bytes only
-        rt.comm.reset()
-        train_step(model, opt, rt, float(rt.masks["train"].sum()) or 1.0, precision)
-        c = rt.comm
-        mine = [epoch_bytes(c), sum(v for (_, ph), v in c.padded.items() if ph in EPOCH_PHASES),
-                epoch_messages(c)]
-        out.append((mine, rt.comm_stats().bytes_max_rank))
+        step = []
+
+        def sync(params, _sync=rt.sync_grads, c=rt.comm):
+            _sync(params)
+            step.append([epoch_bytes(c), sum(v for (_, ph), v in c.padded.items()
+                                             if ph in EPOCH_PHASES), epoch_messages(c)])
+
+        rt.sync_grads = sync
+        record = fit(model, rt, TrainConfig(epochs=1, precision=precision))[0]
+        del rt.sync_grads
+        out.append((step[0], record["comm_bytes_max_rank"]))
     return out
 
 
+def some(world):
+    """A few cases for the wires and precisions every case does not get."""
+    return [next(c for c in cases(world) if c[0] == a and c[2] == v)
+            for a, v in (("1d", "bcast"), ("2d", "bcast"), ("1.5d", "halo"), ("3d", "-"))]
+
+
 def all_runs(world):
-    """Every case in both wire formats, and a few under ``--precision bf16`` (autocast hands
-    the SpMM bf16 features: they travel as bf16 on an fp32 wire); a case's runs together."""
-    some = [next(c for c in cases(world) if c[0] == a and c[2] in v)
-            for a, v in (("1d", "bcast"), ("2d", "bcast"), ("3d", "-"))]
-    runs = []
+    """Every case of every model on an fp32 wire, and GCN's on a bf16 wire (the plan is
+    checked in both); a few of each model on a bf16 wire and under ``--precision bf16``
+    (autocast hands the SpMM bf16 features: they travel as bf16 on an fp32 wire). SAGE
+    exchanges what GCN does, its weights' all-reduce apart, so its few bf16 runs suffice. A
+    case's runs together (one build)."""
+    runs, few = [], some(world)
     for case in cases(world):
-        wires = [(t, "fp32") for t in DTYPES] + ([("fp32", "bf16")] if case in some else [])
-        runs += [tuple(case) + w for w in wires]
+        for kind in KINDS:
+            wires = [("fp32", "fp32")]
+            if kind == "gcn" or case in few:
+                wires.append(("bf16", "fp32"))
+            if case in few:
+                wires.append(("fp32", "bf16"))
+            runs += [(kind,) + tuple(case) + w for w in wires]
     return runs
 
 
@@ -107,101 +132,106 @@ _MEASURED = {}
 
 
 def measured(world, method):
-    """[(bytes per rank, logged max) per run of :func:`all_runs`], one spawn per (world,
-    method), kept for the module."""
+    """{run: (bytes, padded, messages per rank, the epoch record's comm_bytes_max_rank)} of
+    :func:`all_runs`, one spawn per (world, method), kept for the module."""
     if (world, method) not in _MEASURED:
-        got = spawn(step_bytes, world, args=(method, all_runs(world)), timeout_s=600)
-        _MEASURED[world, method] = [([r[i][0] for r in got], got[0][i][1])
-                                    for i in range(len(got[0]))]
+        runs = all_runs(world)
+        got = spawn(epoch_counts, world, args=(method, runs), timeout_s=600)
+        _MEASURED[world, method] = {
+            run: (*(np.array([r[i][0][j] for r in got]) for j in range(3)), got[0][i][1])
+            for i, run in enumerate(runs)}
     return _MEASURED[world, method]
 
 
-@pytest.mark.parametrize("world,method", WORLDS, ids=[f"{m}-p{w}" for w, m in WORLDS])
-def test_predicted_bytes_are_the_logged_bytes(world, method):
+def structure(world, method):
     g = graph()
-    s = Structure.from_graph(g, partition_graph(g, world, method, seed=SEED).owner, world)
-    runs = all_runs(world)
-    n, m = g.num_nodes, int(s.rows.shape[0])
-    seen = set()
-    for dtype in DTYPES:
-        # the very rows gnnpar-plan prints: every candidate is among the runs measured
-        plan = rank_algorithms(n, m, WIDTHS, world, structure=s, settings=settings(None, dtype))
-        assert len(plan) == len(list(candidates(world)))
-        for row in plan:
-            dims = (tuple(int(d) for d in row["grid"].split("x")) if row["algo"] in ("2d", "3d")
-                    else (row["replication"] if row["algo"] == "1.5d" else None))
-            i = runs.index((row["algo"], dims, row["variant"], dtype, "fp32"))
-            per_rank, logged = measured(world, method)[i]
-            assert max(r[0] for r in per_rank) == logged
-            assert row["comm_bytes_max_rank"] == pytest.approx(logged, rel=0.01), row
-            seen.add(i)
-    for i, (algo, dims, variant, dtype, precision) in enumerate(runs):
-        per_rank, logged = measured(world, method)[i]
+    return g, Structure.from_graph(g, partition_graph(g, world, method, seed=SEED).owner, world)
+
+
+@pytest.mark.parametrize("world,method", WORLDS, ids=[f"{m}-p{w}" for w, m in WORLDS])
+def test_predicted_counts_are_the_counted_ones(world, method):
+    g, s = structure(world, method)
+    got = measured(world, method)
+    for (kind, algo, dims, variant, dtype, precision), (nbytes, padded, msgs, logged) in \
+            got.items():
+        run = (kind, algo, dims, variant, dtype, precision)
+        # the record holds the step's traffic and nothing of the loss's reduction or the
+        # evaluation that follow it in the epoch
+        assert logged == nbytes.max(), run
         spec = settings(variant, dtype, precision)
-        got = predict(s, algo, "gcn", WIDTHS, Machine(), dims, variant, LAYERS, spec)
-        assert got["comm_bytes_max_rank"] == logged, (algo, dims, variant, dtype, precision)
-        # and every rank's, exactly: the model lays Â out as the builders do
         opts = run_options(algo, spec, variant, LAYERS)
-        exact = epoch_traffic(run_structure(s, opts), algo, "gcn", WIDTHS, dims,
+        exact = epoch_traffic(run_structure(s, opts), algo, KINDS[kind], WIDTHS, dims,
                               opts.get("variant", variant), opts.get("layers", 0),
-                              wire=wire_bytes(spec))
-        case = (algo, dims, variant, dtype, precision)
-        assert exact["bytes"].tolist() == [r[0] for r in per_rank], case
-        # what the collectives really move (a low-precision reduce-scatter pads nothing)
-        assert exact["padded"].tolist() == [r[1] for r in per_rank], case
-        assert exact["messages"].tolist() == [r[2] for r in per_rank], case
-    assert len(seen) == 2 * len(list(candidates(world)))
-    # the cases differ: the layout and the wire are not no-ops here
+                              wire=wire_bytes(spec), score_wire=score_wire_bytes(spec))
+        # every rank's, exactly: the model lays Â out as the builders do; padded: what the
+        # collectives really move (a low-precision reduce-scatter pads nothing)
+        assert exact["bytes"].tolist() == nbytes.tolist(), run
+        assert exact["padded"].tolist() == padded.tolist(), run
+        assert exact["messages"].tolist() == msgs.tolist(), run
+        got_plan = predict(s, algo, KINDS[kind], WIDTHS, Machine(), dims, variant, LAYERS, spec)
+        assert got_plan["comm_bytes_max_rank"] == logged, run
+    # the cases differ: the layout, the wire and the model are not no-ops here
     lay = {run_structure(s, run_options(a, settings(v, "fp32"), v, LAYERS)).owner.tobytes()
            for a, _, v in cases(world)}
     assert len(lay) == 2  # the partition's (1d, 1d-halo, 1.5d) and the balanced one (2d-4d)
-    maxima = {r: measured(world, method)[i][1] for i, r in enumerate(runs)}
-    for a, d, v, dtype, precision in runs:
+    for (kind, a, d, v, dtype, precision), counts in got.items():
         if (dtype, precision) != ("fp32", "fp32"):
-            assert maxima[a, d, v, dtype, precision] < maxima[a, d, v, "fp32", "fp32"]
+            assert counts[3] < got[kind, a, d, v, "fp32", "fp32"][3]
+        if kind == "sage":  # SAGE's extra weights: a larger gradient all-reduce
+            assert counts[3] > got["gcn", a, d, v, dtype, precision][3]
+        if kind == "gat" and a in ("2d", "3d") and dtype == "fp32":  # not a product's moves
+            assert counts[3] != got["gcn", a, d, v, dtype, precision][3]
 
 
-# ----------------------------------------------------------------- GAT's exchanges
-GAT_HEADS = 2
-GAT_WORLDS = [(4, "random"), (6, "metis")]
-
-
-@pytest.mark.parametrize("world,method", GAT_WORLDS, ids=[f"{m}-p{w}" for w, m in GAT_WORLDS])
-def test_gat_exchanges_are_predicted_exactly(world, method):
-    """Every rank's bytes, padded bytes and messages of a GAT step on every algorithm and grid
-    the plan ranks (and 4d) are the cost model's moves (kernels/cost_attention.py), in fp32
-    and, for a few, on a bf16 wire (the row maxima still travel in fp32); the plan ranks
-    every candidate for --model gat."""
-    some = [next(c for c in cases(world) if c[0] == a and c[2] == v)
-            for a, v in (("1d", "bcast"), ("2d", "bcast"), ("1.5d", "halo"), ("3d", "-"))]
-    runs = ([tuple(c) + ("fp32", "fp32") for c in cases(world)]
-            + [tuple(c) + ("bf16", "fp32") for c in some])
-    got = spawn(step_bytes, world, args=(method, runs, "gat"), timeout_s=600)
-    g = graph()
-    s = Structure.from_graph(g, partition_graph(g, world, method, seed=SEED).owner, world)
-    kind = gat_kind(GAT_HEADS)
-    for i, (algo, dims, variant, dtype, precision) in enumerate(runs):
-        spec = settings(variant, dtype, precision)
-        opts = run_options(algo, spec, variant, LAYERS)
-        exact = epoch_traffic(run_structure(s, opts), algo, kind, WIDTHS, dims,
-                              opts.get("variant", variant), opts.get("layers", 0),
-                              wire=wire_bytes(spec))
-        per_rank = [r[i][0] for r in got]
-        for j, name in enumerate(("bytes", "padded", "messages")):
-            assert exact[name].tolist() == [r[j] for r in per_rank], (runs[i], name)
-        if algo in ("2d", "3d") and dtype == "fp32":  # the moves are not a product's
-            gcn = epoch_traffic(run_structure(s, opts), algo, "gcn", WIDTHS, dims,
-                                opts.get("variant", variant), opts.get("layers", 0))
-            assert exact["bytes"].sum() != gcn["bytes"].sum(), runs[i]
+@pytest.mark.parametrize("world,method", WORLDS, ids=[f"{m}-p{w}" for w, m in WORLDS])
+def test_plan_rows_are_the_logged_bytes(world, method):
+    """The very rows gnnpar-plan prints (``--model``: GCN, SAGE, GAT): every candidate, its
+    ``comm_bytes_max_rank`` the matching run's epoch record, in fp32 (GCN's on a bf16 wire
+    too)."""
+    g, s = structure(world, method)
+    got = measured(world, method)
     n, m = g.num_nodes, int(s.rows.shape[0])
-    plan = rank_algorithms(n, m, WIDTHS, world, kind=kind, structure=s,
-                           settings=settings(None, "fp32"))
-    assert len(plan) == len(list(candidates(world)))
-    if method == "random":  # the estimate (no partition) is near the mean rank's bytes
-        exact = {(r["algo"], r["grid"], r["variant"]): r["bytes_mean"] for r in plan}
-        for r in rank_algorithms(n, m, WIDTHS, world, kind=kind):
-            ratio = r["bytes"] / exact[r["algo"], r["grid"], r["variant"]]
-            assert 2 / 3 < ratio < 1.5, (r["algo"], r["grid"], r["variant"], ratio)
+    seen = set()
+    for kind in KINDS:
+        for dtype in (("fp32", "bf16") if kind == "gcn" else ("fp32",)):
+            plan = rank_algorithms(n, m, WIDTHS, world, kind=KINDS[kind], structure=s,
+                                   settings=settings(None, dtype))
+            assert len(plan) == len(list(candidates(world)))
+            for row in plan:
+                dims = (tuple(int(d) for d in row["grid"].split("x"))
+                        if row["algo"] in ("2d", "3d")
+                        else (row["replication"] if row["algo"] == "1.5d" else None))
+                run = (kind, row["algo"], dims, row["variant"], dtype, "fp32")
+                assert row["comm_bytes_max_rank"] == got[run][3], run
+                seen.add(run)
+    assert len(seen) == 4 * len(list(candidates(world)))
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_the_estimate_is_the_mean_rank_on_a_uniform_random_graph(world):
+    """Without a partition (``gnnpar-plan --nodes N --edges M``) the figures are the average
+    rank's estimate for a uniform random graph on a random partition. On such a graph (3,000
+    vertices, 8 edges each) it is within 10% of the exact mean rank's bytes, and its messages
+    and seconds within 10%, for every algorithm but 3d and every model: an accuracy claim under
+    the estimate's own assumptions, none for graphs that break them. 3d's estimate is of one
+    grid orientation, but a run turns its axes from layer to layer (kernels/spmm_3d.py): it is
+    left out, and the README says so."""
+    g = random_graph(n=3000, avg_deg=8, f=WIDTHS[0], classes=WIDTHS[-1], seed=7, directed=True)
+    s = Structure.from_graph(g, partition_graph(g, world, "random", seed=SEED).owner, world)
+    n, m = g.num_nodes, int(s.rows.shape[0])
+    for kind in KINDS.values():
+        exact = {(r["algo"], r["grid"], r["variant"]): r
+                 for r in rank_algorithms(n, m, WIDTHS, world, kind=kind, structure=s,
+                                          settings=settings(None, "fp32"))}
+        estimates = rank_algorithms(n, m, WIDTHS, world, kind=kind)
+        assert len(estimates) == len(exact)
+        for r in estimates:
+            if r["algo"] == "3d":
+                continue
+            e = exact[r["algo"], r["grid"], r["variant"]]
+            for got, want in ((r["bytes"], e["bytes_mean"]), (r["messages"], e["messages"]),
+                              (r["time_s"], e["time_s"])):
+                assert abs(got / want - 1) <= 0.1, (kind, r["algo"], r["grid"], got, want)
 
 
 # ----------------------------------------------------------------- the CLI's plumbing
@@ -227,6 +257,5 @@ def test_gnnpar_plan_predicts_what_gnnpar_train_logs(tmp_path, capsys, world, me
     assert plan_main(["--world", str(world), "--json", *flags]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     row = next(r for r in rows if (r["algo"], r["grid"], r["variant"]) == (algo, grid, variant))
-    assert row["comm_bytes_max_rank"] == pytest.approx(logged, rel=0.01)
-    assert row["comm_bytes_max_rank"] == logged  # exact, in fact
+    assert row["comm_bytes_max_rank"] == logged
     assert logged > 0 and np.isfinite(row["time_s"])
