@@ -2,7 +2,10 @@
 without fused multiply-add (tests/exact.py) on random, power-law, empty-row, single-row and
 empty matrices, forward and backward, at 1 and 2 threads, and within the sum's rounding of
 torch.sparse.mm (which fuses on FMA CPUs); bf16 input gives the fp32 product of the widened
-input, rounded once."""
+input, rounded once. The torch path (torch's own product, not the kernel) is checked against
+an oracle independent of it: the float64 product, within the rounding any float32 evaluation
+of each row's sum keeps to it (tests/exact.py, :func:`float64_product`), in any order, with
+or without fused multiply-add, so on any CPU."""
 import os
 import subprocess
 import sys
@@ -17,7 +20,8 @@ from gnnpar.kernels import cpu_spmm
 from gnnpar.kernels.cpu_spmm import csr_mm, row_blocks
 from gnnpar.kernels.local import SparseOperator, csr_tensor
 
-from .exact import assert_within_sum_bound, sequential_mm
+from .exact import (UNIT, assert_within_float64_bound, assert_within_sum_bound,
+                    float64_product, sequential_mm)
 
 pytestmark = pytest.mark.skipif(not cpu_spmm.available(), reason="numba kernel not available")
 
@@ -46,9 +50,10 @@ def test_size_rule_sends_narrow_and_small_products_to_torch(monkeypatch):
         h = torch.randn(70, f).to(dtype)
         z = csr_mm(A, h)
         assert bool(calls) == kernel, (f, dtype)
-        # each path gives its own arithmetic's bits: the kernel's sequential sum, or torch's
-        ref = sequential_mm(A, h) if kernel else torch.sparse.mm(A, h.float())
-        assert torch.equal(z, ref.to(dtype)), (f, dtype)
+        if kernel:  # the kernel's own arithmetic, bit for bit: the sequential sum
+            assert torch.equal(z, sequential_mm(A, h).to(dtype)), (f, dtype)
+        else:  # torch's: within the rounding of a float32 sum of the float64 product
+            assert_within_float64_bound(z, *float64_product(A, h.double().numpy()), (f, dtype))
     monkeypatch.setattr(cpu_spmm, "SIZE_RULE", {torch.bfloat16: (32, 10 ** 9)})
     calls.clear()
     csr_mm(A, torch.randn(70, 64).bfloat16())
@@ -98,6 +103,35 @@ def test_the_sequential_sum_bit_for_bit_and_torch_within_rounding(name, A, f):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("name,A", list(_cases()), ids=[c[0] for c in _cases()])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_path_within_the_rounding_of_the_float64_product(monkeypatch, name, A, dtype):
+    """``GNNPAR_SPMM=torch``: float32 h through torch's product, bf16 h through the float32
+    product of its widened copy rounded once, into a fresh output and into ``out``."""
+    monkeypatch.setenv(cpu_spmm.ENV, "torch")
+    for f in (1, 7, 64, 130):
+        h = torch.randn(A.shape[1], f, generator=torch.Generator().manual_seed(f)).to(dtype)
+        ref, bound = float64_product(A, h.double().numpy())
+        assert_within_float64_bound(csr_mm(A, h), ref, bound, (name, f))
+        out = torch.full((A.shape[0], f), 7.0, dtype=dtype)
+        assert csr_mm(A, h, out) is out
+        assert_within_float64_bound(out, ref, bound, (name, f, "out"))
+
+
+def test_the_float64_bound_is_tight_enough_to_fail():
+    """The oracle's bound is L·u of the row's magnitude (here 64 terms: 32 float32 ulps of
+    the sum), not a tolerance that passes anything: the sequential sum passes it, a result
+    four bounds away fails."""
+    A = torch.ones(1, 64).to_sparse_csr()
+    h = torch.full((64, 1), 1.0 + 2.0 ** -20)
+    ref, bound = float64_product(A, h.double().numpy())
+    z = sequential_mm(A, h)
+    assert_within_float64_bound(z, ref, bound)
+    assert float(bound.max()) < 64 * UNIT[torch.float32] * 1.01 * float(ref.max())
+    with pytest.raises(AssertionError):
+        assert_within_float64_bound(z + 4 * float(bound.max()), ref, bound)
+
+
 def test_int32_indices_and_non_contiguous_input():
     A = _random_csr(30, 20, 0.3, 4)
     A32 = torch.sparse_csr_tensor(A.crow_indices().int(), A.col_indices().int(), A.values(),
@@ -109,7 +143,8 @@ def test_int32_indices_and_non_contiguous_input():
 def test_operator_forward_and_backward_are_sequential_sums(monkeypatch):
     """Forward ``z = Â·Â·h`` and the gradient of Σz² through the stored transpose, each
     product the sequential sum bit for bit (2z is exact, so the whole chain is); the torch
-    path within the sums' rounding."""
+    path within the rounding of the chain's float32 sums of the float64 chain (each product's
+    bound carried into the next: :func:`float64_product`)."""
     g = load_dataset("rmat:scale=9,ef=4")
     indptr, indices, values = propagation_matrix(g, "mean")  # not symmetric
     n = g.num_nodes
@@ -120,6 +155,10 @@ def test_operator_forward_and_backward_are_sequential_sums(monkeypatch):
     z2 = sequential_mm(A, z1)
     g1 = sequential_mm(At, 2 * z2)
     want = (z2, sequential_mm(At, g1))
+    x1 = float64_product(A, h0.double().numpy())
+    x2 = float64_product(A, *x1)
+    x3 = float64_product(At, 2 * x2[0], 2 * x2[1])
+    oracle = (x2, float64_product(At, *x3))
     for env in ("numba", "torch"):
         monkeypatch.setenv(cpu_spmm.ENV, env)
         op = SparseOperator(indptr, indices, values, (n, n))
@@ -129,14 +168,16 @@ def test_operator_forward_and_backward_are_sequential_sums(monkeypatch):
         if env == "numba":
             assert torch.equal(z.detach(), want[0]) and torch.equal(h.grad, want[1])
         else:
-            torch.testing.assert_close(z.detach(), want[0], rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(h.grad, want[1], rtol=1e-5, atol=1e-6)
+            assert_within_float64_bound(z, *oracle[0], "forward")
+            assert_within_float64_bound(h.grad, *oracle[1], "gradient")
 
 
 def test_fallbacks_keep_working(monkeypatch):
     A = _random_csr(10, 10, 0.3, 5)
     h64 = torch.randn(10, 3, dtype=torch.float64)
-    assert torch.allclose(csr_mm(A.to(torch.float64), h64), torch.sparse.mm(A.double(), h64))
+    z = csr_mm(A.to(torch.float64), h64)  # float64: torch's product, summed in float64
+    assert z.dtype == torch.float64
+    assert_within_float64_bound(z, *float64_product(A, h64.numpy(), u=UNIT[torch.float64]))
     monkeypatch.setenv(cpu_spmm.ENV, "torch")
     assert not cpu_spmm.available()
 
