@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from .cli_util import ROOT
-from .required import missing as missing_part
+from .required import mpirun
 DATA = "rmat:scale=12,ef=8,feat=16,classes=4"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
@@ -142,20 +142,8 @@ def test_sigkill_of_one_rank_is_named_and_nothing_is_left(tmp_path):
     assert all(q.returncode != 0 for q in gone)
 
 
-def _mpirun():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        missing_part("mpi4py is not installed (pip install mpi4py mpich)")
-    exe = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep
-                       + os.environ.get("PATH", ""))
-    if exe is None:
-        missing_part("no mpirun (pip install mpich)")
-    return exe
-
-
 def test_mpirun_matches_nprocs(tmp_path):
-    mpirun = _mpirun()
+    mpirun = mpirun()
     common = ["--algo", "1d-halo", "--epochs", "5", "--dropout", "0.5"]
     run(*common, "--nprocs", "4", "--log-json", str(tmp_path / "local.jsonl"))
     r = subprocess.run([mpirun, "-n", "4", *train_cmd(*common, "--log-json",

@@ -12,7 +12,6 @@ directory, no ``PYTHONPATH``.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from gnnpar.options import build_parser
 from gnnpar.train import main
 
 from .cli_util import ROOT, installed, run_installed
-from .required import missing as missing_part
+from .required import mpirun
 
 TINY = "sbm:n=90,blocks=3,p_in=0.15,p_out=0.02"
 BASE = ["--dataset", TINY, "--hidden", "8", "--quiet"]
@@ -73,23 +72,11 @@ def test_readme_model_trains_from_its_folder_through_the_console_script(user_dir
     assert final["final"] and final["epochs"] == 2 and final["loss"] is not None
 
 
-def _mpirun():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        missing_part("mpi4py is not installed (pip install mpi4py mpich)")
-    exe = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep
-                       + os.environ.get("PATH", ""))
-    if exe is None:
-        missing_part("no mpirun (pip install mpich)")
-    return exe
-
-
 def test_readme_model_trains_under_mpirun_through_the_console_script(user_dir):
     """Every mpirun rank is a ``gnnpar-train`` of its own, in mpirun's working directory."""
     log = user_dir / "log.jsonl"
     res = train(user_dir, *BASE, "--model", "my_gnn:gin", "--epochs", "2", "--algo", "1d",
-                "--log-json", str(log), launcher=[_mpirun(), "-n", "2"],
+                "--log-json", str(log), launcher=[mpirun(), "-n", "2"],
                 env={"TORCH_CPP_LOG_LEVEL": "ERROR"})
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     final = json.loads(log.read_text().splitlines()[-1])
