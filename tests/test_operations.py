@@ -143,10 +143,10 @@ def test_sigkill_of_one_rank_is_named_and_nothing_is_left(tmp_path):
 
 
 def test_mpirun_matches_nprocs(tmp_path):
-    mpirun = mpirun()
+    launcher = mpirun()
     common = ["--algo", "1d-halo", "--epochs", "5", "--dropout", "0.5"]
     run(*common, "--nprocs", "4", "--log-json", str(tmp_path / "local.jsonl"))
-    r = subprocess.run([mpirun, "-n", "4", *train_cmd(*common, "--log-json",
+    r = subprocess.run([launcher, "-n", "4", *train_cmd(*common, "--log-json",
                                                       str(tmp_path / "mpi.jsonl"))],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr + r.stdout[-3000:]  # mpirun names the rank that died
