@@ -3,7 +3,8 @@
 #
 #   bash scripts/check_torch.sh                 # the oldest torch setup.cfg accepts
 #   bash scripts/check_torch.sh 2.4.1           # any release pip can install
-#   bash scripts/check_torch.sh 2.4.1 tests/test_models.py -k gcn   # other pytest arguments
+#   bash scripts/check_torch.sh 2.4.1 tests/test_models.py -k gcn   # pytest arguments (they
+#                                                                  # replace the default subset)
 #
 # CI tests one torch (the version .ci/run pins). setup.cfg accepts a range; this script is how a
 # release checks the range's floor before it is claimed: README says which versions it has passed
