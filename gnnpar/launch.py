@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -39,8 +39,11 @@ from .spec import RunSpec
 from .watchdog import EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog
 
 
-def launch(spec: RunSpec) -> dict:
+def launch(spec: RunSpec, job: Callable = run_rank) -> dict:
     """Run ``spec`` to the end; returns the final record (rank 0's when there are ranks).
+    ``job(spec, rank, world, source, watchdog)`` is each rank's work (training; inference
+    for ``gnnpar-predict``): a module-level function or a ``functools.partial`` of one, so
+    spawned ranks can unpickle it.
 
     ``--threads T`` is each rank's budget: its trainer's torch threads and compiled SpMM pool
     (this process serially, every ``--nprocs`` rank alike; without it a rank gets cores /
@@ -54,13 +57,13 @@ def launch(spec: RunSpec) -> dict:
     spec = resolve_reorder(spec, not distributed and not spec.minibatch)
     check_shard_flags(spec)
     if distributed:
-        return run_distributed(spec)
+        return run_distributed(spec, job)
     if spec.algo != "serial":
         raise InputError(f"--algo {spec.algo} needs --nprocs N or a launcher (torchrun, srun)")
-    return run_rank(spec)
+    return job(spec)
 
 
-def run_distributed(spec: RunSpec) -> dict:
+def run_distributed(spec: RunSpec, job: Callable = run_rank) -> dict:
     """Spawn ``--nprocs`` local ranks, or join the world of the launcher that started this
     process."""
     info = detect_world(spec.nprocs)
@@ -72,8 +75,9 @@ def run_distributed(spec: RunSpec) -> dict:
     if backend == "auto" and torch.device(spec.device).type == "cpu":
         backend = "gloo"  # a GPU host asked to train on CPU: NCCL cannot carry CPU tensors
     if info.source == "local":
-        return _spawn_local(spec.evolve(backend=resolve_backend(backend, info)[0]), graph, part)
-    return _join_launched(spec, info, backend)
+        return _spawn_local(spec.evolve(backend=resolve_backend(backend, info)[0]), graph, part,
+                            job)
+    return _join_launched(spec, info, backend, job)
 
 
 def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
@@ -122,11 +126,13 @@ def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
     return chosen, graph, part
 
 
-def _spawned(rank: int, world: int, spec: RunSpec, source: ShardSource) -> dict:
-    return run_rank(spec, rank, world, source)
+def _spawned(rank: int, world: int, spec: RunSpec, source: ShardSource,
+             job: Callable = run_rank) -> dict:
+    return job(spec, rank, world, source)
 
 
-def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dict:
+def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None,
+                 job: Callable = run_rank) -> dict:
     if not spec.minibatch:
         spec.grid_shape(spec.nprocs)  # fail before writing shards or spawning
     source, temporary = None, False
@@ -134,7 +140,7 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None) -> dic
         try:
             source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
             _raise_if_preempted(sigterm)
-            return spawn(_spawned, spec.nprocs, args=(spec, source), backend=spec.backend,
+            return spawn(_spawned, spec.nprocs, args=(spec, source, job), backend=spec.backend,
                          timeout_s=spec.timeout, threads=spec.threads, dynamo_first=True)[0]
         except SpawnError as e:
             if e.failure.kind == "input":
@@ -186,7 +192,8 @@ def _raise_if_preempted(sigterm: dict) -> None:
         raise SystemExit(EXIT_PREEMPTED)
 
 
-def _join_launched(spec: RunSpec, info: WorldInfo, backend: str) -> dict:
+def _join_launched(spec: RunSpec, info: WorldInfo, backend: str,
+                   job: Callable = run_rank) -> dict:
     """One rank of an external launch: join, watch the peers, train, leave."""
     ctx = init_distributed(info, backend, spec.timeout)
     if ctx.device.type == "cuda":
@@ -194,8 +201,7 @@ def _join_launched(spec: RunSpec, info: WorldInfo, backend: str) -> dict:
     wd = Watchdog(info.rank, info.world_size, timeout=spec.timeout).start()
     try:
         with wd.guard():
-            return run_rank(spec, info.rank, info.world_size,
-                            ShardSource(spec.partition_dir), wd)
+            return job(spec, info.rank, info.world_size, ShardSource(spec.partition_dir), wd)
     finally:
         wd.stop()
         shutdown()

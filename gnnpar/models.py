@@ -208,25 +208,30 @@ class GNN(nn.Module):
         if ops.layers is not None and ops.layers != len(self.layers):
             raise ValueError(f"got {ops.layers} operators for {len(self.layers)} layers")
         h = self._input(ops, x)
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            op = ops[i]
-            if self.kind == "gat":  # ELU between layers, as the GAT paper
-                h = layer(op, h, (self.attn_dropout, self.training))
-                if i != last:
-                    h = dropout(F.elu(h), self.dropout, self.training)
-            elif i == last:
-                h = layer(op, h)
-            elif hasattr(layer, "unbiased") and fuses_bias(h, self.dropout, self.training):
-                # the bias add, ReLU and the next layer's input dropout in one GPU pass
-                h = bias_relu_dropout(layer.unbiased(op, h), layer.bias, self.dropout,
-                                      self.training)
-            elif isinstance(layer, SAGELayer) and layer.fused(op, h):
-                # the layer, ReLU and the next layer's input dropout in one CPU Function
-                h = layer(op, h, (self.dropout, self.training))
-            else:  # ReLU, then the next layer's input dropout: one pass on CPUs
-                h = relu_dropout(layer(op, h), self.dropout, self.training)
+        for i in range(len(self.layers)):
+            h = self.layer_step(i, ops[i], h)
         return h
+
+    def layer_step(self, i: int, op, h: torch.Tensor) -> torch.Tensor:
+        """Layer ``i`` on ``op`` and its input ``h``, with what follows it inside the stack
+        (a hidden layer's activation and the next layer's input dropout): ``forward`` is
+        these steps one after another, and layer-wise inference (:mod:`gnnpar.inference`)
+        runs each over row chunks."""
+        layer, last = self.layers[i], i == len(self.layers) - 1
+        if self.kind == "gat":  # ELU between layers, as the GAT paper
+            h = layer(op, h, (self.attn_dropout, self.training))
+            return h if last else dropout(F.elu(h), self.dropout, self.training)
+        if last:
+            return layer(op, h)
+        if hasattr(layer, "unbiased") and fuses_bias(h, self.dropout, self.training):
+            # the bias add, ReLU and the next layer's input dropout in one GPU pass
+            return bias_relu_dropout(layer.unbiased(op, h), layer.bias, self.dropout,
+                                     self.training)
+        if isinstance(layer, SAGELayer) and layer.fused(op, h):
+            # the layer, ReLU and the next layer's input dropout in one CPU Function
+            return layer(op, h, (self.dropout, self.training))
+        # ReLU, then the next layer's input dropout: one pass on CPUs
+        return relu_dropout(layer(op, h), self.dropout, self.training)
 
 
 def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float,

@@ -22,6 +22,7 @@ from .attention import check_heads
 from .cli_common import DefaultsHelpFormatter, check_bounds
 from .custom_model import check_custom, is_custom
 from .models import LAYERS
+from .predict_files import check_out
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
 from .resume import check_checkpoint_args
@@ -64,11 +65,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gnnpar-train",
-        description="Train a GCN, GraphSAGE or GAT model, serially or distributed.",
-        formatter_class=DefaultsHelpFormatter)
+def add_data_args(p: argparse.ArgumentParser):
+    """The ``data`` flags (``gnnpar-train`` and ``gnnpar-predict``); returns the group."""
     d = p.add_argument_group("data")
     d.add_argument("--dataset", default=None,
                    help="dataset spec: rmat:scale=S,ef=E | sbm:n=N,blocks=B,p_in=P,p_out=Q | "
@@ -84,6 +82,49 @@ def build_parser() -> argparse.ArgumentParser:
                         "graph, faster sparse products (default auto: degree for a "
                         "single-process full-batch run; none for mini batch and "
                         "distributed runs)")
+    return d
+
+
+def add_distributed_args(p: argparse.ArgumentParser) -> None:
+    """The ``distributed full-batch`` flags (``gnnpar-train`` and ``gnnpar-predict``)."""
+    g = p.add_argument_group("distributed full-batch")
+    g.add_argument("--algo", default="serial", choices=algo_choices(),
+                   help="SpMM algorithm; serial = one process, the reference; auto = the "
+                        "cost model's fastest that fits --mem-cap")
+    g.add_argument("--nprocs", type=int, default=None,
+                   help="spawn N local ranks (gloo on CPU); omit under torchrun")
+    g.add_argument("--grid", default=None,
+                   help="process grid AxB (2d) or AxBxC (3d/4d); in --mode minibatch one "
+                        "group's grid, and DxPXxPYxPZ for 4d (D data-parallel groups)")
+    g.add_argument("--replication", type=int, default=None, help="1.5D replication factor c")
+    g.add_argument("--partitioner", default=None,
+                   help="block | random | metis | kaminpar (default metis for --nprocs)")
+    g.add_argument("--partition-dir", default=None,
+                   help="folder of per-rank shards from gnnpar-partition (written there if empty)")
+    g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
+    g.add_argument("--comm-dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
+                   help="wire format of the SpMM's feature and gradient exchanges (summed in "
+                        "fp32; the weights' gradient all-reduce stays fp32); default fp32")
+    g.add_argument("--block-layout", default="balanced", choices=BLOCK_LAYOUTS,
+                   help="2d/3d/4d row ownership: balanced = a seeded random balanced set, "
+                        "even non-zeros per rank under any partitioner; parts = the "
+                        "partition's own parts (default balanced)")
+    g.add_argument("--variant", default=None, choices=("halo", "bcast"),
+                   help="1.5d/2d data movement (default halo: only the rows a block touches)")
+    add_model_args(g)
+    g.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a collective may wait before every rank fails, and how "
+                        "long a rank's heartbeat may be silent before it is named lost "
+                        f"(exit 3): more than 0, at most {MAX_TIMEOUT_S:,} (a week); "
+                        "default 300")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gnnpar-train",
+        description="Train a GCN, GraphSAGE or GAT model, serially or distributed.",
+        formatter_class=DefaultsHelpFormatter)
+    d = add_data_args(p)
     m = p.add_argument_group("model")
     m.add_argument("--model", default="gcn", metavar="{gcn,sage,gat,package.module:factory}",
                    help="layer type (gat: graph attention, with every --algo, full batch "
@@ -117,42 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--log-json", default=None, help="write one JSON object per epoch to PATH")
     o.add_argument("--save-model", default=None, help="save the trained weights to PATH")
+    o.add_argument("--save-predictions", default=None, metavar="DIR",
+                   help="at the end of training, write the final model's predictions (and "
+                        "the last hidden layer's embeddings) for every vertex into DIR, as "
+                        "gnnpar-predict --out DIR --embeddings would")
     o.add_argument("--profile", type=int, default=None, metavar="EPOCH",
                    help="write a torch profiler trace of this epoch (per rank)")
     o.add_argument("--profile-dir", default=".", help="folder of the --profile traces")
     o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     add_max_memory_arg(d)
-    g = p.add_argument_group("distributed full-batch")
-    g.add_argument("--algo", default="serial", choices=algo_choices(),
-                   help="SpMM algorithm; serial = one process, the reference; auto = the "
-                        "cost model's fastest that fits --mem-cap")
-    g.add_argument("--nprocs", type=int, default=None,
-                   help="spawn N local ranks (gloo on CPU); omit under torchrun")
-    g.add_argument("--grid", default=None,
-                   help="process grid AxB (2d) or AxBxC (3d/4d); in --mode minibatch one "
-                        "group's grid, and DxPXxPYxPZ for 4d (D data-parallel groups)")
-    g.add_argument("--replication", type=int, default=None, help="1.5D replication factor c")
-    g.add_argument("--partitioner", default=None,
-                   help="block | random | metis | kaminpar (default metis for --nprocs)")
-    g.add_argument("--partition-dir", default=None,
-                   help="folder of per-rank shards from gnnpar-partition (written there if empty)")
-    g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
-    g.add_argument("--comm-dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
-                   help="wire format of the SpMM's feature and gradient exchanges (summed in "
-                        "fp32; the weights' gradient all-reduce stays fp32); default fp32")
-    g.add_argument("--block-layout", default="balanced", choices=BLOCK_LAYOUTS,
-                   help="2d/3d/4d row ownership: balanced = a seeded random balanced set, "
-                        "even non-zeros per rank under any partitioner; parts = the "
-                        "partition's own parts (default balanced)")
-    g.add_argument("--variant", default=None, choices=("halo", "bcast"),
-                   help="1.5d/2d data movement (default halo: only the rows a block touches)")
-    add_model_args(g)
-    g.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds a collective may wait before every rank fails, and how "
-                        "long a rank's heartbeat may be silent before it is named lost "
-                        f"(exit 3): more than 0, at most {MAX_TIMEOUT_S:,} (a week); "
-                        "default 300")
+    add_distributed_args(p)
     add_minibatch_args(p)
     c = p.add_argument_group("checkpoints")
     c.add_argument("--checkpoint-dir", default=None,
@@ -375,6 +391,18 @@ def check_output_paths(args) -> None:
                 raise InputError(f"--profile-dir {args.profile_dir} would write into {what}; "
                                  "give another folder")
         refuse_claimed("--profile-dir", args.profile_dir, include_self=True)
+    if getattr(args, "save_predictions", None) is not None:
+        check_out(args.save_predictions, "--save-predictions")
+        for what, inp, folder in inputs:
+            how = _overlaps(args.save_predictions, inp, folder)
+            if how:
+                raise InputError(f"--save-predictions {args.save_predictions} would {how} "
+                                 f"{what}; give another folder")
+        for flag, path in outputs:
+            if _overlaps(path, args.save_predictions, True):
+                raise InputError(f"{flag} {path} lies inside --save-predictions "
+                                 f"{args.save_predictions}, which holds only predictions; "
+                                 "give a path outside it")
     check_output_folders(args)
     check_log_free(getattr(args, "log_json", None))  # another live run writing it: exit 2
 

@@ -20,11 +20,8 @@ from typing import Callable, List, Optional, Union
 import torch
 
 from gnnpar.datasets import Graph
-from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.blocks import nnz_balance
-from gnnpar.kernels.comm import WIRE_DTYPES
 
-from .distributed import DistRuntime
 from .interfaces import Shard
 from .logged import holding_log, train_logged
 from .memory import RankMemory, array_bytes, halo_row_bytes, local_current_bytes
@@ -33,11 +30,12 @@ from .resume import Checkpointing, run_meta
 from .sampling.draws import HASH_GENERATOR
 from .sampling.loop import fit_minibatch
 from .sampling.setup import build_rank, final_sampling, serial_parts
-from .serial import SerialRuntime
 from .shard_source import (ShardSource, load_graph, load_rank_shard, shard_fingerprint,
                            vertex_order)
 from .spec import RunSpec
 from .trainer import TrainConfig, fit, make_optimizer
+from .prediction import PredictJob, hidden_layers, outputs_meta, predict_rows
+from .rows import fullbatch_runtime, rank_device
 
 
 @dataclass
@@ -52,15 +50,7 @@ class Training:
     grid: List[int]
     extra_final: Optional[Callable] = None
     identity: dict = field(default_factory=dict)
-
-
-def rank_device(spec: RunSpec, rank: int) -> torch.device:
-    """The spec's device; a bare ``cuda`` becomes one GPU per local rank."""
-    device = torch.device(spec.device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    return device
+    rows: object = None  #: the full-batch runtime that evaluates (and predicts) the rows
 
 
 def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
@@ -98,10 +88,17 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     ckpt = Checkpointing(spec, rank, meta, model, opt, spec.quiet or not lead)
     fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype,
               "reorder": vertex_order(spec)}  # the order the graph was loaded in
-    return train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
-                        model, spec, fields, lead, training.desc,
-                        {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
-                        ckpt=ckpt)
+    final = train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
+                         model, spec, fields, lead, training.desc,
+                         {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
+                         ckpt=ckpt)
+    if spec.save_predictions and final.get("diverged_epoch") is None:
+        # the trained model over the rows it trained on: no second load
+        job = PredictJob(None, spec.save_predictions, embeddings=hidden_layers(model),
+                         flag="--save-predictions", prog="gnnpar-train")
+        predict_rows(model, training.rows, data, spec, job, rank, world,
+                     outputs_meta(spec, spec.model, spec.save_model))
+    return final
 
 
 def _numerics_identity(spec: RunSpec) -> dict:
@@ -121,17 +118,11 @@ def _dims(data: Union[Graph, Shard]):
 
 def _fullbatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
     memory = None
+    runtime = fullbatch_runtime(spec, world, data, model.norm, device, watchdog)
     if isinstance(data, Graph):
-        runtime = SerialRuntime(data, model.norm, device)
         fields, desc, grid = {"algo": "serial", "world_size": 1, "grid": [1]}, "train", [1]
     else:
-        entry = algorithm(spec.algo)
         grid = list(spec.grid_shape(world).values())
-        process_grid = entry.make_grid(world, spec.grid_dims, spec.replication or 1)
-        runtime = DistRuntime(process_grid, data, spec.algo, model.norm, device,
-                              WIRE_DTYPES[spec.comm_dtype], **entry.options(spec))
-        if watchdog is not None:
-            runtime.comm.on_phase = watchdog.set_phase
         top, mean = nnz_balance(runtime.comm, runtime.op)
         fields = {"algo": spec.algo, "world_size": world, "grid": grid,
                   "nnz_max_over_mean": top / max(mean, 1e-12)}
@@ -139,7 +130,7 @@ def _fullbatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> 
         memory = _rank_memory(spec, rank, world, data, device, baseline, runtime.reducer)
     return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
                                                           start, opt, memory),
-                    fields, desc, grid)
+                    fields, desc, grid, rows=runtime)
 
 
 def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optional[RankMemory]:
@@ -179,4 +170,5 @@ def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> 
         # by their generator: a checkpoint of other draws would not replay the same blocks);
         # host-sampled runs add nothing to the identity
         identity=({"sample_on": "device", "draws": HASH_GENERATOR} if info["sample_on"] == "device"
-                  else {}))
+                  else {}),
+        rows=parts.eval_runtime)

@@ -72,6 +72,7 @@ def read_model_file(path: str) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file: torch.load's errors vary
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first.split(". ")[0]  # torch's first sentence; the rest is advice on pickles
         raise InputError(f"model file {path}: not a gnnpar model file ({first})") from None
     if not isinstance(payload, dict) or any(k not in payload for k in _REQUIRED) or \
             payload.get("format", FORMAT) != FORMAT:

@@ -21,6 +21,7 @@ class SerialRuntime(RuntimeCollectives):
         indptr, indices, values = propagation_matrix(graph, norm)
         n = graph.num_nodes
         self.op = SparseOperator(indptr, indices, values, (n, n), self.device)
+        self.global_ids = np.arange(n, dtype=np.int64)  # the rows, in the graph's order
         if self.device.type == "cpu":
             self.op.reuse_outputs()  # the trainer finishes each pass before the next
         self.x = as_tensor(graph.x, np.float32, self.device)

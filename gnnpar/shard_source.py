@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, Graph, InputError, load_dataset
@@ -196,7 +197,17 @@ def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
             _check_shards_on_rank_0(rank, spec, source.folder)
         return load_shard(source.folder, rank, world_size=world)
     graph = load_graph(spec)
-    return build_shard(graph, run_partition(spec, graph, world), rank)
+    shard = build_shard(graph, run_partition(spec, graph, world), rank)
+    shard.meta["vertex_order"] = graph.meta.get("vertex_order")  # as a shard folder's
+    return shard
+
+
+def dataset_ids(data, ids) -> np.ndarray:
+    """The dataset's own ids of rows ``ids`` of ``data`` (the whole graph or a shard, as the
+    run loaded it: ``--reorder`` renumbers; ``partitioners/shards.py`` keeps the order)."""
+    ids = np.asarray(ids, np.int64)
+    order = (data.meta or {}).get("vertex_order")
+    return ids if order is None else np.asarray(order[ids], np.int64)
 
 
 def shard_fingerprint(shard: Shard, spec) -> str:

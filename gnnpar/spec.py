@@ -59,6 +59,7 @@ class RunSpec:
     # output
     log_json: Optional[str] = None
     save_model: Optional[str] = None
+    save_predictions: Optional[str] = None
     profile: Optional[int] = None
     profile_dir: str = "."
     quiet: bool = False

@@ -80,7 +80,7 @@ class RuntimeCollectives:
         return None
 
 
-def _counts(logits: torch.Tensor, y: torch.Tensor, masks: Dict[str, torch.Tensor]) -> torch.Tensor:
+def accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: Dict[str, torch.Tensor]) -> torch.Tensor:
     pred = logits.argmax(dim=1)
     right = pred == y
     return torch.stack([torch.stack([(right & masks[s]).sum(), masks[s].sum()]) for s in SPLITS]
@@ -111,7 +111,7 @@ def evaluate(model, runtime, precision: str = "fp32") -> Dict[str, float]:
     runtime.start_pass()
     with matmuls(precision), autocast(precision, runtime.x.device):
         out = model(LayerOps(runtime.op), runtime.x)
-    c = runtime.all_reduce_sum(_counts(out, runtime.y, runtime.masks))
+    c = runtime.all_reduce_sum(accuracy_counts(out, runtime.y, runtime.masks))
     return {f"{s}_acc": float(c[2 * i] / max(c[2 * i + 1], 1)) for i, s in enumerate(SPLITS)}
 
 

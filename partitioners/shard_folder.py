@@ -31,7 +31,9 @@ GRID_MANIFEST = "grid.json"
 KIND = "shards"         # the owned-folder kind of a shard directory
 PART_RE = re.compile(r"^part-(\d{5,})$")
 LEFTOVER_RE = re.compile(r"^(part-\d{5,}|grid)\.(tmp|old)-\d+$")
-TMP_FILE_RE = re.compile(r"^(meta\.json|\.gnnpar-owner\.json)\.tmp-\d+$")  # atomic JSON writes
+TMP_FILE_RE = re.compile(r"^(meta\.json|\.gnnpar-owner\.json|vertex_order\.npy)\.tmp-\d+$")
+#: new position -> dataset id of shards cut from a reordered graph (``meta["vertex_order"]``)
+VERTEX_ORDER = "vertex_order.npy"
 
 
 def dataset_source(spec: str, directed: bool = False) -> dict:
@@ -144,7 +146,7 @@ def _foreign(out_dir: str, entry: str):
         inside = None if os.path.isfile(path) else ""
     elif entry == META:
         inside = None if _is_meta(path) else ""
-    elif TMP_FILE_RE.match(entry):
+    elif TMP_FILE_RE.match(entry) or entry == VERTEX_ORDER:
         inside = None if os.path.isfile(path) else ""
     elif PART_RE.match(entry):
         inside = _foreign_in_folder(path, MANIFEST, complete=True)

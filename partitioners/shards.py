@@ -68,7 +68,7 @@ from .shard_build import NODE_ARRAYS, Shard, ShardBuilder, build_shard, build_sh
 from .shard_check import validate_shard
 from .write_through import background, save_npy
 from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
-                           TMP_FILE_RE, check_shard_folder, claim_shard_folder,  # noqa: F401
+                           TMP_FILE_RE, VERTEX_ORDER, check_shard_folder, claim_shard_folder,  # noqa: F401
                            dataset_source)
 
 FORMAT_VERSION = 1
@@ -223,6 +223,7 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         match = PART_RE.match(entry)
         if match and int(match.group(1)) >= P:
             shutil.rmtree(os.path.join(out_dir, entry))
+    order = _write_vertex_order(graph, out_dir)
     ew = graph.edge_weight
     meta = {
         "format_version": FORMAT_VERSION, "run_id": run_id, "fingerprint": fingerprint,
@@ -236,9 +237,46 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
         "canonical_csr": builder.canonical,
         "source": dict(source) if source is not None else None,
     }
+    if order is not None:
+        meta["vertex_order"] = order
     _write_json_atomic(meta_path, meta)
     say(f"wrote {P} parts to {out_dir}")
     return meta
+
+
+def _write_vertex_order(graph: Graph, out_dir: str):
+    """A reordered graph's ``vertex_order`` (new position → dataset id, :mod:`gnnpar.datasets.
+    reorder`) as ``vertex_order.npy`` beside ``meta.json``, so what is computed per shard row
+    can be put back in the dataset's order; returns its ``--reorder`` name, or None (the
+    dataset's own order: an older file is removed)."""
+    path = os.path.join(out_dir, VERTEX_ORDER)
+    order = graph.meta.get("vertex_order")
+    if order is None or graph.meta.get("reorder", "none") == "none":
+        if os.path.exists(path):
+            os.remove(path)
+        return None
+    tmp = f"{path}.tmp-{os.getpid()}"
+    save_npy(tmp, np.asarray(order, np.int64))
+    os.replace(tmp, path)
+    return str(graph.meta["reorder"])
+
+
+def dataset_order(out_dir: str, meta: dict):
+    """The shards' new position → dataset id (memory-mapped), or None when they are in the
+    dataset's own order."""
+    if not meta.get("vertex_order"):
+        return None
+    path = os.path.join(out_dir, VERTEX_ORDER)
+    _no_link(out_dir, path)
+    try:
+        order = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read the shards' vertex order ({e}); rewrite the "
+                         "shards") from None
+    if order.shape != (int(meta["n"]),) or order.dtype != np.int64:
+        raise InputError(f"{path}: not a vertex order of {meta['n']} vertices; rewrite the "
+                         "shards")
+    return order
 
 
 # ---------------------------------------------------------------------------- loading
@@ -353,7 +391,8 @@ def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap:
         global_ids=arr["global_ids"], indptr=arr["indptr"], indices=arr["indices"],
         values={k: arr[f"values_{k}"] for k in meta["norms"]}, raw_weight=arr["raw_weight"],
         orig_edge=arr["orig_edge"], halo_ids=arr["halo_ids"], recv_counts=arr["recv_counts"],
-        send_counts=arr["send_counts"], send_local=arr["send_local"], meta=meta,
+        send_counts=arr["send_counts"], send_local=arr["send_local"],
+        meta={**meta, "vertex_order": dataset_order(out_dir, meta)},
         **{name: arr[name] for name in NODE_ARRAYS})
 
 

@@ -139,6 +139,7 @@ class _EvalRuntime(RuntimeCollectives):
         with self.comm.in_phase("setup"):
             self.op = algorithm("1d-halo").build(shard, self.comm, norm, device)
         self.x = store.x.to(device)
+        self.global_ids = np.asarray(shard.global_ids, np.int64)
         self.y = as_tensor(shard.y, np.int64).to(device)
         self.masks = {s: as_tensor(getattr(shard, f"{s}_mask"), np.bool_).to(device)
                       for s in SPLITS}

@@ -1,0 +1,110 @@
+"""Inference with trained weights (issue 41): every algorithm's predictions and embeddings
+equal the serial ``model(x)`` in the dataset's order; layer-wise inference equals the full
+forward pass; the files are written whole or not at all.
+
+Spawning dominates, so each world size is spawned once and writes every (algorithm, model)
+(:func:`tests.predict_cases.predict_all`); the CLI tests (``test_predict_cli.py``) run the
+installed ``gnnpar-predict``.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import gnnpar
+from gnnpar.datasets import InputError
+from gnnpar.inference import embeddings_layer, forward_rows, layerwise
+from gnnpar.serial import SerialRuntime
+from gnnpar.spawn import spawn
+
+from .predict_cases import (KINDS, LAYERWISE_KINDS, cases, graph, max_error, model,
+                            predict_all, reference)
+
+TOL = 1e-5
+_DONE = {}
+
+
+def written(world, tmp_path_factory):
+    """The output root of ``world`` ranks' predictions (spawned once per world size)."""
+    if world not in _DONE:
+        root = str(tmp_path_factory.mktemp(f"predict-p{world}"))
+        labels = spawn(predict_all, world, args=(root,), timeout_s=400)[0]
+        _DONE[world] = (root, labels)
+    return _DONE[world]
+
+
+PAIRS = [(w, c[0], k) for w in (2, 3, 4) for c in cases(w) for k in KINDS] + \
+        [(w, "layerwise", k) for w in (2, 3, 4) for k in LAYERWISE_KINDS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,label,kind", PAIRS,
+                         ids=[f"p{w}-{lab}-{k}" for w, lab, k in PAIRS])
+def test_distributed_predictions_equal_serial(world, label, kind, tmp_path_factory):
+    root, labels = written(world, tmp_path_factory)
+    name = f"{label}-{kind}"
+    assert name in labels
+    out = os.path.join(root, name)
+    meta = json.load(open(os.path.join(out, "predict.json")))
+    assert meta["world_size"] == world and meta["order"] == "dataset"
+    ref, emb = reference(kind)
+    pred = np.load(os.path.join(out, "predictions.npy"))
+    assert pred.dtype == np.float32 and pred.shape == ref.shape
+    assert max_error(pred, ref) <= TOL
+    got = np.load(os.path.join(out, "embeddings.npy"))
+    assert got.shape == emb.shape and max_error(got, emb) <= TOL
+    # the accuracy it reports is that of the serial logits
+    g, _ = graph()
+    right = ref.argmax(1) == g.y
+    for split in ("train", "val", "test"):
+        mask = getattr(g, f"{split}_mask")
+        assert meta["accuracy"][split] == pytest.approx(right[mask].mean(), abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", LAYERWISE_KINDS)
+@pytest.mark.parametrize("batch", [1, 5, 1000])
+def test_layerwise_equals_forward(kind, batch):
+    """Serial layer-wise inference (any chunk size) equals the model's forward pass."""
+    g, _ = graph()
+    m = model(kind)
+    rt = SerialRuntime(g, m.norm)
+    full, emb_full = forward_rows(m, rt, layer=1)
+    from gnnpar.datasets.normalize import propagation_matrix
+    lw, emb_lw = layerwise(m, propagation_matrix(g, m.norm), rt.x, batch, layer=1)
+    assert max_error(lw.numpy(), full.numpy().astype(np.float64)) <= TOL
+    assert max_error(emb_lw.numpy(), emb_full.numpy().astype(np.float64)) <= TOL
+
+
+def test_library_predict_in_dataset_order(tmp_path):
+    """``gnnpar.predict`` on a reordered graph gives rows in the dataset's order, the same
+    as on the graph in its own order; ``gnnpar.load_model`` reads what --save-model wrote."""
+    from gnnpar.saved_model import model_payload, write_model_file
+    from gnnpar.spec import RunSpec
+    g, g_reordered = graph()
+    m = model("sage")
+    path = str(tmp_path / "m.pt")
+    write_model_file(path, model_payload(m, RunSpec(model="sage", hidden=8, layers=3),
+                                         {"f_in": g.num_features, "f_out": g.num_classes}))
+    loaded = gnnpar.load_model(path)
+    ref, emb = reference("sage")
+    logits, e = gnnpar.predict(loaded, g_reordered, embeddings=True)
+    assert max_error(logits.numpy(), ref) <= TOL and max_error(e.numpy(), emb) <= TOL
+    chunked = gnnpar.predict(loaded, g, batch_size=4)
+    assert max_error(chunked.numpy(), ref) <= TOL
+    import gnnpar.predict as module  # the submodule is the same callable
+    assert max_error(module(loaded, g).numpy(), ref) <= TOL
+
+
+def test_embeddings_layer_range():
+    m = model("gcn")
+    assert embeddings_layer(m, None) == 2
+    assert embeddings_layer(m, 1) == 1
+    for bad in (0, 3, -1):
+        with pytest.raises(InputError, match="out of range.*1..2"):
+            embeddings_layer(m, bad)
+    with pytest.raises(InputError, match="one layer"):
+        embeddings_layer(gnnpar.models.GNN("gcn", 3, 4, 2, layers=1), None)
+    with pytest.raises(InputError, match="no `layers`"):
+        embeddings_layer(torch.nn.Linear(3, 2), None)
