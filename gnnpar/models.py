@@ -221,6 +221,8 @@ class GNN(nn.Module):
         if self.kind == "gat":  # ELU between layers, as the GAT paper
             h = layer(op, h, (self.attn_dropout, self.training))
             return h if last else dropout(F.elu(h), self.dropout, self.training)
+        if hasattr(layer, "unbiased") and _inferring(self):
+            return _epilogue_in_place(layer.unbiased(op, h), layer.bias, h, last)
         if last:
             return layer(op, h)
         if hasattr(layer, "unbiased") and fuses_bias(h, self.dropout, self.training):
@@ -232,6 +234,25 @@ class GNN(nn.Module):
             return layer(op, h, (self.dropout, self.training))
         # ReLU, then the next layer's input dropout: one pass on CPUs
         return relu_dropout(layer(op, h), self.dropout, self.training)
+
+
+def _inferring(model: nn.Module) -> bool:
+    """Evaluation under :func:`torch.inference_mode` (:mod:`gnnpar.inference`): nothing will
+    differentiate a layer's output, so what follows the layer may overwrite it."""
+    return not model.training and torch.is_inference_mode_enabled()
+
+
+def _epilogue_in_place(z: torch.Tensor, bias, h: torch.Tensor, last: bool) -> torch.Tensor:
+    """:func:`add_bias`, then ReLU unless ``last``, in place on a layer's product ``z``: the
+    same values as the out-of-place ops (one add and one max each), without two more
+    (rows × width) tensors to allocate and fault in; a ``z`` that shares ``h``'s memory is
+    left alone."""
+    if z.data_ptr() == h.data_ptr():
+        z = add_bias(z, bias)
+        return z if last else F.relu(z)
+    if bias is not None:
+        z.add_(bias.to(z.dtype))
+    return z if last else z.relu_()
 
 
 def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float,
