@@ -51,7 +51,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
