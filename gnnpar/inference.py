@@ -73,7 +73,10 @@ def _captured_input(model, k: Optional[int]):
 
 def forward_rows(model, runtime, precision: str = "fp32", layer: Optional[int] = None) -> Rows:
     """This rank's rows of ``model(x)`` on a full-batch runtime (``runtime.op``,
-    ``runtime.x``) and, with ``layer``, the rows entering that layer."""
+    ``runtime.x``) and, with ``layer``, the rows entering that layer. Hidden layers' bias
+    and ReLU run in place on their products (:class:`~gnnpar.models.GNN`), so on a runtime
+    that reuses its product outputs (the serial one on a CPU) the embeddings are valid until
+    its next pass."""
     model.eval()
     start = getattr(runtime, "start_pass", None)
     with torch.inference_mode(), matmuls(precision), autocast(precision, runtime.x.device):

@@ -221,10 +221,10 @@ class GNN(nn.Module):
         if self.kind == "gat":  # ELU between layers, as the GAT paper
             h = layer(op, h, (self.attn_dropout, self.training))
             return h if last else dropout(F.elu(h), self.dropout, self.training)
-        if hasattr(layer, "unbiased") and _inferring(self):
-            return _epilogue_in_place(layer.unbiased(op, h), layer.bias, h, last)
         if last:
             return layer(op, h)
+        if hasattr(layer, "unbiased") and _inferring(self):
+            return _bias_relu_in_place(layer.unbiased(op, h), layer.bias, h)
         if hasattr(layer, "unbiased") and fuses_bias(h, self.dropout, self.training):
             # the bias add, ReLU and the next layer's input dropout in one GPU pass
             return bias_relu_dropout(layer.unbiased(op, h), layer.bias, self.dropout,
@@ -242,17 +242,17 @@ def _inferring(model: nn.Module) -> bool:
     return not model.training and torch.is_inference_mode_enabled()
 
 
-def _epilogue_in_place(z: torch.Tensor, bias, h: torch.Tensor, last: bool) -> torch.Tensor:
-    """:func:`add_bias`, then ReLU unless ``last``, in place on a layer's product ``z``: the
-    same values as the out-of-place ops (one add and one max each), without two more
+def _bias_relu_in_place(z: torch.Tensor, bias, h: torch.Tensor) -> torch.Tensor:
+    """A hidden layer's :func:`add_bias` and ReLU in place on its product ``z``: the same
+    values as the out-of-place ops (one add and one max each), without two more
     (rows × width) tensors to allocate and fault in; a ``z`` that shares ``h``'s memory is
-    left alone."""
+    left alone. (The output layer keeps its out-of-place bias add: logits are never one of
+    the runtime's reused product outputs.)"""
     if z.data_ptr() == h.data_ptr():
-        z = add_bias(z, bias)
-        return z if last else F.relu(z)
+        return F.relu(add_bias(z, bias))
     if bias is not None:
         z.add_(bias.to(z.dtype))
-    return z if last else z.relu_()
+    return z.relu_()
 
 
 def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float,
