@@ -1,5 +1,6 @@
-"""Link prediction's serial reference (gnnpar/link): the edge split without leakage, the
-counter-based negatives, the metrics against brute force, and the loop's no-leakage check."""
+"""Link prediction (gnnpar/link): the edge split without leakage, the counter-based
+negatives, the metrics against brute force, the loop's no-leakage check, and every
+full-batch algorithm's training equal to the serial loop's at 2, 3 and 4 ranks."""
 import numpy as np
 import pytest
 import torch
@@ -9,11 +10,15 @@ from gnnpar.datasets.graph import split_masks
 from gnnpar.link.decoders import DotDecoder, MLPDecoder, build_decoder, summed_link_loss
 from gnnpar.link.metrics import auc, hits_at, mrr
 from gnnpar.link.negatives import negatives
-from gnnpar.link.serial import evaluate_link, fit_link
+from gnnpar.link.loop import evaluate_link, fit_link
 from gnnpar.link.split import parse_fractions, split_edges, undirected_edges
 from gnnpar.models import GNN
 from gnnpar.serial import SerialRuntime
+from gnnpar.spawn import spawn
 from gnnpar.trainer import TrainConfig
+
+from .link_cases import MODELS, link_all, reference
+from .predict_cases import cases
 
 
 def random_graph(n=300, edges=1500, f=16, seed=0, loops=False):
@@ -126,7 +131,7 @@ def _train(graph_for_messages, split, epochs=30):
     decoder = DotDecoder()
     rt = SerialRuntime(graph_for_messages, encoder.norm)
     hist = fit_link(encoder, decoder, rt, split, TrainConfig(epochs=epochs, lr=0.01),
-                    neg_ratio=1, seed=0)
+                    graph_for_messages.num_nodes, neg_ratio=1, seed=0)
     return hist[-1]
 
 
@@ -151,3 +156,32 @@ def test_fit_link_repeats_and_reports_every_metric():
     enc = GNN("gcn", g.num_features, 8, 8, 2, 0.0)
     m = evaluate_link(enc, DotDecoder(), rt, split)
     assert 0.0 <= m["test_mrr"] <= 1.0 and 0.0 <= m["test_auc"] <= 1.0
+
+
+# ---------------------------------------------------------------- distributed == serial
+_RUNS = {}
+
+
+def distributed(world):
+    if world not in _RUNS:
+        _RUNS[world] = spawn(link_all, world, timeout_s=400)
+    return _RUNS[world]
+
+
+LINK_CASES = [(w, c[0], k, d) for w in (2, 3, 4) for c in cases(w) for k, d in MODELS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,label,kind,decoder", LINK_CASES,
+                         ids=[f"p{w}-{lab}-{k}-{d}" for w, lab, k, d in LINK_CASES])
+def test_distributed_link_training_equals_serial(world, label, kind, decoder):
+    """Every rank's losses, metrics and trained parameters equal the serial loop's (dropout
+    0, the same negatives: they do not depend on the partition)."""
+    losses, metrics, params = reference(kind, decoder)
+    for rank_result in distributed(world):
+        got_losses, got_metrics, got_params = rank_result[f"{label}-{kind}-{decoder}"]
+        np.testing.assert_allclose(got_losses, losses, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got_params, params, rtol=1e-5, atol=1e-5)
+        assert got_metrics.keys() == metrics.keys()
+        for k in metrics:
+            assert got_metrics[k] == pytest.approx(metrics[k], abs=1e-5), k

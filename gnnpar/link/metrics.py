@@ -32,15 +32,20 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((ranks[:k].sum() - k * (k + 1) / 2.0) / (k * m))
 
 
-def mrr(pos: np.ndarray, neg: np.ndarray) -> float:
-    """``pos`` (K,), ``neg`` (K, R): positive i against row i of ``neg``."""
+def reciprocal_ranks(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """1 / rank of positive i among row i of ``neg`` (``pos`` (K,), ``neg`` (K, R))."""
     pos = np.asarray(pos, np.float64).reshape(-1, 1)
-    neg = np.asarray(neg, np.float64)
-    if pos.size == 0:
-        return float("nan")
+    if pos.shape[0] == 0:
+        return np.zeros(0)
+    neg = np.asarray(neg, np.float64).reshape(pos.shape[0], -1)
     optimistic = (neg > pos).sum(axis=1)
     pessimistic = (neg >= pos).sum(axis=1)
-    return float(np.mean(1.0 / (0.5 * (optimistic + pessimistic) + 1.0)))
+    return 1.0 / (0.5 * (optimistic + pessimistic) + 1.0)
+
+
+def mrr(pos: np.ndarray, neg: np.ndarray) -> float:
+    """``pos`` (K,), ``neg`` (K, R): positive i against row i of ``neg``."""
+    return float(np.mean(reciprocal_ranks(pos, neg))) if np.size(pos) else float("nan")
 
 
 def hits_at(pos: np.ndarray, neg: np.ndarray, k: int) -> float:

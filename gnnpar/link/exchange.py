@@ -1,0 +1,109 @@
+"""Scoring pairs on a distributed full-batch runtime: each rank scores the pairs whose source
+it owns, and the other endpoint's embedding row comes from its owner.
+
+Every algorithm leaves each rank with its own rows of the encoder's output, all features
+(``runtime.global_ids`` name them), so one exchange serves all of them:
+
+1. a *directory* (made once, :class:`PairExchange`): every rank learns which rank owns each
+   global id and at which local row — one all-gather of the ranks' id lists at setup, the
+   partition book DistDGL keeps too (8 bytes a vertex on every rank);
+2. per scoring call, the rank asks each owner for the distinct rows its pairs' destinations
+   need (one all-to-all of counts and one of local row ids), which makes a
+   :class:`~gnnpar.kernels.halo.HaloPlan` of that call;
+3. the rows move through :class:`~gnnpar.kernels.edge_dist.HaloGather` — one uneven
+   all-to-all of only those rows forward, and the reverse all-to-all of their gradients in
+   the backward, added at the owners' rows.
+
+All three are :class:`~gnnpar.kernels.comm.Comm` collectives over the runtime's world axes,
+counted with the runtime's traffic. The scores and their gradients equal the serial ones: the
+same rows reach the decoder, and each row's gradient is the same sum (own contributions,
+then the returned ones, in member order).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+import torch
+
+from gnnpar.kernels.edge_dist import HaloGather
+from gnnpar.kernels.halo import HaloPlan
+
+
+class PairExchange:
+    """The directory of a runtime's rows (module docstring, step 1); collective to make."""
+
+    def __init__(self, runtime, num_nodes: int):
+        self.comm, self.axes = runtime.comm, runtime.world_axes
+        members = self.comm.grid.ranks_of(self.axes)
+        self.world, self.me = len(members), members.index(self.comm.grid.rank)
+        ids = torch.as_tensor(np.asarray(runtime.global_ids, np.int64))
+        counts = torch.zeros(self.world, dtype=torch.int64)
+        counts[self.me] = ids.shape[0]
+        sizes = [int(c) for c in self.comm.reduce_control(counts, self.axes, "sum")]
+        with self.comm.in_phase("setup"):
+            parts = self.comm.all_gather(ids, self.axes, sizes)
+        self.owner = np.full(num_nodes, -1, np.int32)
+        self.local = np.zeros(num_nodes, np.int64)
+        for member, part in enumerate(parts):
+            p = part.numpy()
+            self.owner[p] = member
+            self.local[p] = np.arange(p.shape[0])
+        if (self.owner < 0).any():
+            raise ValueError(f"{int((self.owner < 0).sum())} vertices are owned by no rank")
+        self.n_local = int(ids.shape[0])
+
+    def owns(self, ids: np.ndarray) -> np.ndarray:
+        """Whether this rank owns each of the global ``ids``."""
+        return self.owner[np.asarray(ids, np.int64)] == self.me
+
+    def rows(self, z: torch.Tensor, pairs: np.ndarray) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The endpoints' rows ``(z_u, z_v)`` of ``pairs`` (2, K) global ids whose sources this
+        rank owns; ``z`` is this rank's rows of the encoder output. Collective: every rank
+        calls it together (with its own pairs, possibly none)."""
+        src, dst = (np.asarray(p, np.int64) for p in pairs)
+        if not self.owns(src).all():
+            raise ValueError("a pair's source is not this rank's row")
+        owner, local = self.owner[dst].astype(np.int64), self.local[dst]
+        remote = owner != self.me
+        # distinct (owner, row) requests, grouped by owner: the halo of this call
+        keys = np.unique(owner[remote] * self.n_global_rows + local[remote])
+        want_owner, want_local = np.divmod(keys, self.n_global_rows)
+        recv_counts = np.bincount(want_owner, minlength=self.world)
+        send_counts = self._exchange_counts(recv_counts)
+        send_local = self._exchange_ids(want_local, recv_counts, send_counts)
+        plan = HaloPlan.from_arrays(send_local, send_counts, recv_counts, z.device)
+        ext = HaloGather.apply(z, plan, self.comm, self.axes)
+        pos = local.copy()
+        pos[remote] = self.n_local + np.searchsorted(keys, owner[remote] * self.n_global_rows
+                                                     + local[remote])
+        take = lambda p: torch.as_tensor(p, dtype=torch.int64, device=z.device)  # noqa: E731
+        return ext.index_select(0, take(self.local[src])), ext.index_select(0, take(pos))
+
+    def gather(self, scores: np.ndarray) -> np.ndarray:
+        """Every rank's ``scores`` (1-D float64) concatenated in member order (for the
+        metrics that rank all pairs together); collective, not the algorithm's traffic."""
+        t = torch.as_tensor(np.asarray(scores, np.float64))
+        counts = torch.zeros(self.world, dtype=torch.int64)
+        counts[self.me] = t.shape[0]
+        sizes = [int(c) for c in self.comm.reduce_control(counts, self.axes, "sum")]
+        with self.comm.in_phase("eval"):
+            parts = self.comm.all_gather(t, self.axes, sizes, exact=True)
+        return torch.cat(parts).numpy()
+
+    @property
+    def n_global_rows(self) -> int:
+        return int(self.owner.shape[0])
+
+    def _exchange_counts(self, recv_counts: np.ndarray) -> np.ndarray:
+        """How many rows each member asks of this rank, from how many it asks of each."""
+        out = self.comm.all_to_all(torch.as_tensor(recv_counts, dtype=torch.int64),
+                                   [1] * self.world, [1] * self.world, self.axes)
+        return out.numpy().astype(np.int64)
+
+    def _exchange_ids(self, want_local, recv_counts, send_counts) -> np.ndarray:
+        """The local rows each member asks of this rank, grouped by member."""
+        out = self.comm.all_to_all(torch.as_tensor(want_local, dtype=torch.int64),
+                                   [int(c) for c in recv_counts],
+                                   [int(c) for c in send_counts], self.axes)
+        return out.numpy()
