@@ -37,7 +37,10 @@ from .cli_common import JsonLog, epoch_records, progress
 from .memory import merge_rank_peaks
 from .saved_model import model_payload, write_model_file
 
-_LAST = ("loss", "train_acc", "val_acc", "test_acc")
+#: the last epoch's metrics a final record repeats: a node run's accuracies, a link run's
+#: ranking metrics (:mod:`gnnpar.link.loop`); each only where the records have it
+_LAST = ("loss", "train_acc", "val_acc", "test_acc", "val_auc", "test_auc", "val_mrr",
+         "test_mrr", "test_hits@20", "test_hits@50", "test_hits@100")
 
 
 def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
@@ -53,7 +56,7 @@ def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
     last = history[-1]
     peaks = [r["peak_mem_bytes"] for r in history] + (
         [b["peak_mem_bytes"]] if "peak_mem_bytes" in b else [])
-    return {"epochs": int(b.get("epochs", 0)) + len(history), **{k: last[k] for k in _LAST},
+    return {"epochs": int(b.get("epochs", 0)) + len(history), **{k: last[k] for k in _LAST if k in last},
             "total_s": b.get("total_s", 0.0) + sum(r["epoch_s"] for r in history),
             "comm_bytes": b.get("comm_bytes", 0) + sum(r["comm_bytes"] for r in history),
             "peak_mem_bytes": max(peaks), **merge_rank_peaks([b, *history])}
@@ -361,7 +364,8 @@ def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -
         prof.maybe_start(rec["epoch"] + 1)
         log.write({**rec, **fields})
         bar.update(1)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", val=f"{rec['val_acc']:.3f}")
+        bar.set_postfix(loss=f"{rec['loss']:.4f}",
+                        val=f"{rec.get('val_acc', rec.get('val_auc', float('nan'))):.3f}")
         if ckpt is not None and math.isfinite(rec["loss"]):  # never a checkpoint of NaN weights
             ckpt.after_epoch(rec["epoch"], totals)
 

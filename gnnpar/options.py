@@ -21,6 +21,7 @@ from gnnpar.precision import PRECISIONS
 from .attention import check_heads
 from .cli_common import DefaultsHelpFormatter, check_bounds
 from .custom_model import check_custom, is_custom
+from .link.options import add_link_args, check_link_args
 from .models import LAYERS
 from .predict_files import check_out
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
@@ -168,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     o.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     add_max_memory_arg(d)
+    add_link_args(p)
     add_distributed_args(p)
     add_minibatch_args(p)
     c = p.add_argument_group("checkpoints")
@@ -239,6 +241,7 @@ def check_args(args) -> None:
     if args.profile is not None and not 0 <= args.profile < args.epochs:
         raise InputError(f"--profile {args.profile} is not an epoch of this run "
                          f"(0..{args.epochs - 1})")
+    check_link_args(args)
     check_model_name(args)
     check_attention_args(args)
     check_model_args(args)

@@ -13,6 +13,7 @@ once per rank otherwise; ``docs/architecture.md`` follows one step of each mode 
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Union
@@ -23,6 +24,9 @@ from gnnpar.datasets import Graph
 from gnnpar.kernels.blocks import nnz_balance
 
 from .interfaces import Shard
+from .link.decoders import build_decoder
+from .link.exchange import PairExchange
+from .link.loop import fit_link, link_modules
 from .logged import holding_log, train_logged
 from .memory import RankMemory, array_bytes, halo_row_bytes, local_current_bytes
 from .models import build_model, sampler_input_dropout
@@ -51,6 +55,7 @@ class Training:
     extra_final: Optional[Callable] = None
     identity: dict = field(default_factory=dict)
     rows: object = None  #: the full-batch runtime that evaluates (and predicts) the rows
+    module: object = None  #: what the optimiser updates (None: the model)
 
 
 def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
@@ -70,16 +75,20 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     if source is None and not spec.quiet:
         print(data.summary(), file=sys.stderr)
     f_in, f_out = _dims(data)
+    if spec.task == "link":  # the model's output rows are the embeddings pairs are scored on
+        f_out = spec.hidden
     torch.manual_seed(spec.seed)  # identical initial weights on every rank
     model = build_model(spec.model, f_in, spec.hidden, f_out, spec.layers,
                         spec.dropout, spec.heads, spec.attn_dropout).to(device)
+    build = _minibatch if spec.minibatch else _fullbatch
+    if spec.task == "link":  # its decoder seeded as the model is, before the ranks differ
+        build = functools.partial(_link, build_decoder(spec.decoder, spec.hidden).to(device))
     if source is not None:
         torch.manual_seed(spec.seed * 1000003 + rank)  # dropout masks differ between ranks
-    build = _minibatch if spec.minibatch else _fullbatch
     training = build(spec, rank, world, data, model, device, watchdog, baseline)
     cfg = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay,
                       precision=spec.precision)
-    opt = make_optimizer(model, cfg)
+    opt = make_optimizer(training.module or model, cfg)
     fingerprint = (shard_fingerprint(data, spec) if source is not None else
                    data.fingerprint() if spec.checkpoint_dir else None)
     meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity,
@@ -117,6 +126,16 @@ def _dims(data: Union[Graph, Shard]):
 
 
 def _fullbatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
+    runtime, fields, desc, grid, memory = _fullbatch_runtime(spec, rank, world, data, model,
+                                                             device, watchdog, baseline)
+    return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
+                                                          start, opt, memory),
+                    fields, desc, grid, rows=runtime)
+
+
+def _fullbatch_runtime(spec, rank, world, data, model, device, watchdog, baseline=0):
+    """A full-batch run's runtime, log fields, progress description, grid and per-rank
+    memory accounting (None serially), for node and link training alike."""
     memory = None
     runtime = fullbatch_runtime(spec, world, data, model.norm, device, watchdog)
     if isinstance(data, Graph):
@@ -128,9 +147,27 @@ def _fullbatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> 
                   "nnz_max_over_mean": top / max(mean, 1e-12)}
         desc = f"train[{spec.algo} x{world}]"
         memory = _rank_memory(spec, rank, world, data, device, baseline, runtime.reducer)
-    return Training(lambda opt, cfg, on_epoch, start: fit(model, runtime, cfg, on_epoch,
-                                                          start, opt, memory),
-                    fields, desc, grid, rows=runtime)
+    return runtime, fields, desc, grid, memory
+
+
+def _link(decoder, spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
+    """``--task link``: the full-batch runtime of the training graph (held-out edges out of
+    it: :func:`gnnpar.shard_source.load_graph`), its rows' embeddings scored pair by pair
+    (:mod:`gnnpar.link.loop`; on several ranks through a
+    :class:`~gnnpar.link.exchange.PairExchange`)."""
+    runtime, fields, desc, grid, memory = _fullbatch_runtime(spec, rank, world, data, model,
+                                                             device, watchdog, baseline)
+    serial = isinstance(data, Graph)
+    n = data.num_nodes if serial else int(data.n_global)
+    pairs = None if serial else PairExchange(runtime, n)
+    split = data.meta["link_split"]
+
+    def run(opt, cfg, on_epoch, start):
+        return fit_link(model, decoder, runtime, split, cfg, n, spec.neg_ratio, spec.seed,
+                        pairs, on_epoch, start, opt, memory)
+    return Training(run, {**fields, "task": "link", "decoder": spec.decoder,
+                          "neg_ratio": spec.neg_ratio, "link_split": spec.link_split},
+                    desc, grid, rows=runtime, module=link_modules(model, decoder))
 
 
 def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optional[RankMemory]:
@@ -141,6 +178,7 @@ def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optiona
     if reducer.world != world:
         return None
     f_in, f_out = _dims(shard)
+    f_out = spec.hidden if spec.task == "link" else f_out
     widths = [f_in] + [spec.hidden] * (spec.layers - 1) + [f_out]
     return RankMemory(rank, world, device, baseline, array_bytes(shard),
                       halo_row_bytes(shard.n_halo, widths, spec.precision))

@@ -2,9 +2,9 @@
 
     gnnpar-report run.jsonl -o report.png
 
-Four panels: loss and accuracies per epoch; each epoch's time split into compute,
-communication and — for mini-batch runs — sampling (``sampler_s``) and input stalls
-(``stall_s``), as stacked bars; bytes sent per rank per epoch (mean over ranks and the
+Four panels: loss and accuracies (a link run's AUC, MRR and Hits@50) per epoch; each
+epoch's time split into compute, communication and — for mini-batch runs — sampling
+(``sampler_s``) and input stalls (``stall_s``), as stacked bars; bytes sent per rank per epoch (mean over ranks and the
 busiest rank, or every rank when the log has ``comm_bytes_per_rank``); a summary of the run.
 Exit codes: 0 written, 2 unreadable or empty log, or an output path it may not write (a
 folder, the log itself, a path inside a gnnpar folder), checked before the log is read.
@@ -25,8 +25,12 @@ from .cli_common import DefaultsHelpFormatter, run_cli
 
 TIME_PARTS = (("compute_s", "compute", "#4C72B0"), ("comm_s", "communication", "#DD8452"),
               ("sampler_s", "sampling", "#55A868"), ("stall_s", "input stall", "#C44E52"))
+#: the per-epoch metrics drawn beside the loss, where the log has them: a node run's
+#: accuracies, a link run's (``--task link``) AUC, MRR and Hits@50
 ACCURACIES = (("train_acc", "train acc", "-"), ("val_acc", "val acc", "--"),
-              ("test_acc", "test acc", ":"))
+              ("test_acc", "test acc", ":"), ("val_auc", "val AUC", "--"),
+              ("test_auc", "test AUC", ":"), ("val_mrr", "val MRR", "-."),
+              ("test_mrr", "test MRR", "-."), ("test_hits@50", "test Hits@50", "-"))
 
 
 def read_log(path: str) -> Tuple[List[dict], dict]:
@@ -83,7 +87,7 @@ def build_figure(epochs: List[dict], final: dict, title: str = ""):
         ys = [_num(r, key) for r in epochs]
         if any(not math.isnan(v) for v in ys):
             ax_acc.plot(x, ys, style, label=label)
-    ax_acc.set(ylabel="accuracy", ylim=(0, 1.02))
+    ax_acc.set(ylabel="accuracy" if "val_acc" in head else "metric", ylim=(0, 1.02))
     lines = ax_loss.get_legend_handles_labels()
     more = ax_acc.get_legend_handles_labels()
     ax_loss.legend(lines[0] + more[0], lines[1] + more[1], loc="center right", fontsize=8)
@@ -139,8 +143,9 @@ def summary_text(epochs, final, world, algo, grid) -> str:
             ("grid", "x".join(map(str, grid)) if grid else "-"),
             ("epochs", len(epochs)),
             ("final loss", f"{_num(final or last, 'loss'):.4f}")]
-    for key, label, _ in ACCURACIES:
-        rows.append((label, f"{_num(final or last, key):.4f}"))
+    for key, label, _ in ACCURACIES:  # a link run's metrics only where it has them
+        if key.endswith("_acc") and "val_auc" not in (final or last) or key in (final or last):
+            rows.append((label, f"{_num(final or last, key):.4f}"))
     rows += [("time (sum of epochs)", f"{total_s:.3f} s"),
              ("communication share", f"{100 * comm_s / total_s:.1f} %" if total_s else "-"),
              ("bytes, all ranks", f"{total_b / 1e6:.2f} MB"),

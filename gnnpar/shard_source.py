@@ -29,19 +29,23 @@ from gnnpar.partitioners.shard_folder import shard_writer
 from gnnpar.partitioners.shards import dataset_source, load_shard, read_meta
 
 from .interfaces import Shard
+from .link.split import load_split, parse_fractions, save_split, split_edges
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
 
 DEFAULT_PARTITIONER = "metis"
 SHARDS_PREFIX = "gnnpar-shards-"  # temporary shards of a --nprocs run without --partition-dir
+LINK_SPLIT = "link_split.npz"  #: beside the temporary shards of a --task link run
 
 
 @dataclass(frozen=True)
 class ShardSource:
-    """The shard folder the ranks read (None: cut from the dataset in memory) and whether it
-    was already compared with ``--dataset`` (by the launching process)."""
+    """The shard folder the ranks read (None: cut from the dataset in memory), whether it
+    was already compared with ``--dataset`` (by the launching process), and a ``--task link``
+    run's edge split (:mod:`gnnpar.link.split`), saved beside the shards."""
 
     folder: Optional[str] = None
     checked: bool = False
+    link_split: Optional[str] = None  #: the edge split's file of a ``--task link`` run
 
 
 def has_shards(spec) -> bool:
@@ -51,9 +55,15 @@ def has_shards(spec) -> bool:
 
 def load_graph(spec) -> Graph:
     """The whole dataset of ``spec`` (``--dataset``, default a small SBM), in the vertex order
-    of ``--reorder`` (:mod:`gnnpar.datasets.reorder`)."""
-    return reorder(load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
-                                cache_dir=spec.cache_dir), vertex_order(spec))
+    of ``--reorder`` (:mod:`gnnpar.datasets.reorder`). A ``--task link`` run gets the training
+    graph of its edge split instead (held-out edges removed), the split in
+    ``meta["link_split"]`` (:func:`gnnpar.link.split.split_edges`, seeded by ``--seed``)."""
+    graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
+                         cache_dir=spec.cache_dir)
+    if getattr(spec, "task", "node") == "link":
+        graph, split = split_edges(graph, parse_fractions(spec.link_split), spec.seed)
+        graph.meta = {**graph.meta, "link_split": split}
+    return reorder(graph, vertex_order(spec))
 
 
 def vertex_order(spec) -> str:
@@ -67,9 +77,11 @@ def resolve_reorder(spec, serial_fullbatch: bool):
     """``spec`` with ``--reorder auto`` settled: ``degree`` for a single-process full-batch run
     (hubs first: the sparse products read a small hot region; ``docs/performance.md`` has the
     step times), ``none`` otherwise — no gain is shown for mini batch and distributed runs,
-    and the ``block`` partitioner would put every hub on one rank."""
+    and the ``block`` partitioner would put every hub on one rank; a ``--task link`` run keeps
+    the dataset's order, the order of its edge split."""
     if getattr(spec, "reorder", "none") != "auto":
         return spec
+    serial_fullbatch = serial_fullbatch and getattr(spec, "task", "node") == "node"
     return spec.evolve(reorder="degree" if serial_fullbatch and not has_shards(spec) else "none")
 
 
@@ -173,7 +185,12 @@ def _write_shards(spec, world: int, graph: Optional[Graph], part, out: str) -> S
     part = part if part is not None else run_partition(spec, graph, world)
     write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
                  what="--partition-dir" if spec.partition_dir else "shard folder")
-    return ShardSource(out, checked=True)
+    split = graph.meta.get("link_split")
+    if split is None:
+        return ShardSource(out, checked=True)
+    path = os.path.join(os.path.dirname(out), LINK_SPLIT)  # the scratch folder: --task link
+    save_split(path, split)                                # refuses --partition-dir
+    return ShardSource(out, checked=True, link_split=path)
 
 
 def check_partitioner(spec, shard_dir: str, meta=None) -> None:
@@ -195,10 +212,15 @@ def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
     if source.folder is not None:
         if not source.checked:  # launched: the dataset not compared yet
             _check_shards_on_rank_0(rank, spec, source.folder)
-        return load_shard(source.folder, rank, world_size=world)
+        shard = load_shard(source.folder, rank, world_size=world)
+        if source.link_split is not None:
+            shard.meta["link_split"] = load_split(source.link_split)
+        return shard
     graph = load_graph(spec)
     shard = build_shard(graph, run_partition(spec, graph, world), rank)
     shard.meta["vertex_order"] = graph.meta.get("vertex_order")  # as a shard folder's
+    if "link_split" in graph.meta:
+        shard.meta["link_split"] = graph.meta["link_split"]
     return shard
 
 

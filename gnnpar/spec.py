@@ -48,6 +48,11 @@ class RunSpec:
     dropout: float = 0.5
     heads: Optional[int] = None  #: a GAT's, resolved by ``from_args`` (None: the default)
     attn_dropout: Optional[float] = None  #: a GAT's, resolved by ``from_args``
+    # task (link: gnnpar/link)
+    task: str = "node"
+    link_split: str = "0.85,0.05,0.1"
+    neg_ratio: int = 1
+    decoder: str = "dot"
     # training
     epochs: int = 100
     lr: float = 0.01

@@ -158,23 +158,32 @@ def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], No
         loss = float(runtime.all_reduce_sum(loss_sum.reshape(1))[0]) / train_count
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             accs = evaluate(model, runtime, cfg.precision)
-        sync_device(runtime.x.device)
-        epoch_s = time.perf_counter() - t0
-        stats = runtime.comm_stats()
-        rec = {"epoch": epoch, "loss": loss, **accs, "epoch_s": epoch_s,
-               "compute_s": max(epoch_s - stats.seconds, 0.0), "comm_s": stats.seconds,
-               "comm_total_s": stats.total_seconds, "comm_timing": stats.timing,
-               "comm_bytes": stats.bytes, "comm_bytes_max_rank": stats.bytes_max_rank}
-        if memory is not None:
-            rec.update(memory.record(runtime.all_reduce_sum))
-        else:
-            rec["peak_mem_bytes"] = peak_memory_bytes(runtime.x.device, runtime.all_reduce_max)
+        rec = {"epoch": epoch, "loss": loss, **accs, **epoch_costs(runtime, t0, memory)}
         history.append(rec)
         if on_epoch is not None:
             on_epoch(rec)
         if not math.isfinite(loss):  # diverged: every rank sees the same global loss
             break
     return history
+
+
+def epoch_costs(runtime, t0: float, memory: Optional[RankMemory] = None) -> dict:
+    """An epoch record's time, traffic and memory fields (``docs/architecture.md``): the
+    epoch's seconds since ``t0`` (the device synchronised first), its compute and exposed
+    communication, the bytes moved since the last call (the counters reset), and every rank's
+    peak (``memory``) or the largest one."""
+    sync_device(runtime.x.device)
+    epoch_s = time.perf_counter() - t0
+    stats = runtime.comm_stats()
+    rec = {"epoch_s": epoch_s, "compute_s": max(epoch_s - stats.seconds, 0.0),
+           "comm_s": stats.seconds, "comm_total_s": stats.total_seconds,
+           "comm_timing": stats.timing, "comm_bytes": stats.bytes,
+           "comm_bytes_max_rank": stats.bytes_max_rank}
+    if memory is not None:
+        rec.update(memory.record(runtime.all_reduce_sum))
+    else:
+        rec["peak_mem_bytes"] = peak_memory_bytes(runtime.x.device, runtime.all_reduce_max)
+    return rec
 
 
 def sync_device(device) -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from gnnpar.interfaces import LayerOps
 from gnnpar.precision import autocast, matmuls
-from gnnpar.trainer import TrainConfig, make_optimizer
+from gnnpar.trainer import TrainConfig, epoch_costs, make_optimizer
 
 from .decoders import summed_link_loss
 from .metrics import HITS, auc, hits_at, reciprocal_ranks
@@ -121,26 +121,34 @@ def evaluate_link(encoder, decoder, runtime, split: LinkSplit, pairs_source=None
     return out
 
 
+def link_modules(encoder, decoder) -> nn.Module:
+    """The encoder and decoder as one module (one optimiser, one parameter list)."""
+    return nn.ModuleDict({"encoder": encoder, "decoder": decoder})
+
+
 def fit_link(encoder, decoder, runtime, split: LinkSplit, cfg: TrainConfig, num_nodes: int,
              neg_ratio: int = 1, seed: int = 0, pairs_source=None,
-             on_epoch: Optional[Callable[[dict], None]] = None):
+             on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0,
+             opt=None, memory=None):
     """Train ``encoder`` and ``decoder`` on ``runtime`` (the training graph's rows); one
-    record an epoch (loss, the metrics, epoch_s); stops after an epoch whose loss is not
+    record an epoch (loss, the metrics, and the node trainer's time, traffic and memory
+    fields: :func:`gnnpar.trainer.epoch_costs`); stops after an epoch whose loss is not
     finite. ``pairs_source``: None on one process, a
     :class:`~gnnpar.link.exchange.PairExchange` on several."""
     check_ratio(neg_ratio)
     pairs_source = pairs_source or LocalPairs()
-    opt = make_optimizer(nn.ModuleDict({"encoder": encoder, "decoder": decoder}), cfg)
+    opt = opt or make_optimizer(link_modules(encoder, decoder), cfg)
+    runtime.comm_stats()  # reset the counters: setup traffic is not an epoch's
     history = []
     metrics = {}
-    for epoch in range(cfg.epochs):
+    for epoch in range(start_epoch, cfg.epochs):
         t0 = time.perf_counter()
         loss = link_step(encoder, decoder, opt, runtime, pairs_source, split, num_nodes,
                          neg_ratio, seed, epoch, cfg.precision)
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             metrics = evaluate_link(encoder, decoder, runtime, split, pairs_source,
                                     cfg.precision)
-        rec = {"epoch": epoch, "loss": loss, **metrics, "epoch_s": time.perf_counter() - t0}
+        rec = {"epoch": epoch, "loss": loss, **metrics, **epoch_costs(runtime, t0, memory)}
         history.append(rec)
         if on_epoch is not None:
             on_epoch(rec)

@@ -137,3 +137,13 @@ def _member(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
         return np.zeros(values.shape, bool)
     at = np.minimum(np.searchsorted(sorted_keys, values), sorted_keys.shape[0] - 1)
     return sorted_keys[at] == values
+
+
+def save_split(path: str, split: LinkSplit) -> None:
+    """``split``'s arrays into the npz file ``path`` (what launched ranks read)."""
+    np.savez(path, **{f: getattr(split, f) for f in LinkSplit.__dataclass_fields__})
+
+
+def load_split(path: str) -> LinkSplit:
+    with np.load(path, allow_pickle=False) as z:
+        return LinkSplit(**{f: z[f] for f in LinkSplit.__dataclass_fields__})

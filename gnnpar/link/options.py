@@ -1,0 +1,61 @@
+"""``gnnpar-train``'s link-prediction flags (``--task link``) and their checks: the values,
+and the other flags a link run cannot honour yet, refused by name before any work."""
+from __future__ import annotations
+
+import argparse
+
+from gnnpar.datasets import InputError
+
+from .decoders import DECODERS
+from .negatives import MAX_RATIO, check_ratio
+from .split import DEFAULT_FRACTIONS, parse_fractions
+
+TASKS = ("node", "link")
+DEFAULT_SPLIT = ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS)
+#: flags a --task link run refuses, and why (not built yet: issue 42)
+UNSUPPORTED = {
+    "mode": ("minibatch", "mini-batch link training is not built yet; use full batch"),
+    "partition_dir": (None, "shards written before do not carry the edge split; let the run "
+                            "partition the dataset (drop --partition-dir)"),
+    "checkpoint_dir": (None, "link runs do not checkpoint their decoder yet"),
+    "save_model": (None, "saving an encoder with its decoder is not built yet"),
+    "save_predictions": (None, "link runs write no node predictions"),
+}
+
+
+def add_link_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("link prediction")
+    g.add_argument("--task", choices=TASKS, default="node",
+                   help="node: classify vertices (their labels); link: predict edges — the "
+                        "model's output rows are embeddings scored pair by pair, trained on a "
+                        "split of the edges that keeps held-out ones out of the graph")
+    g.add_argument("--link-split", default=DEFAULT_SPLIT, metavar="TRAIN,VAL,TEST",
+                   help="--task link: shares of the undirected edges (seeded by --seed; both "
+                        "directions of an edge on one side)")
+    g.add_argument("--neg-ratio", type=int, default=1, metavar="K",
+                   help=f"--task link: negatives a training positive (1..{MAX_RATIO:,})")
+    g.add_argument("--decoder", choices=tuple(DECODERS), default="dot",
+                   help="--task link: the pair score: dot = <z_u, z_v>; mlp = an MLP on "
+                        "z_u * z_v")
+
+
+def check_link_args(args) -> None:
+    """Refuse bad link values, link flags on a node run, and flags a link run cannot honour."""
+    if args.task != "link":
+        for flag, default in (("link_split", DEFAULT_SPLIT), ("neg_ratio", 1),
+                              ("decoder", "dot")):
+            if getattr(args, flag) != default:
+                raise InputError(f"--{flag.replace('_', '-')} applies to --task link")
+        return
+    parse_fractions(args.link_split)
+    check_ratio(args.neg_ratio)
+    for flag, (bad, why) in UNSUPPORTED.items():
+        value = getattr(args, flag, None)
+        if (value == bad) if bad is not None else value:
+            raise InputError(f"--task link with --{flag.replace('_', '-')}"
+                             f"{' ' + bad if bad else ''}: {why}")
+    if getattr(args, "resume", False):
+        raise InputError("--task link with --resume: link runs do not checkpoint yet")
+    if args.reorder not in ("auto", "none"):
+        raise InputError(f"--task link with --reorder {args.reorder}: the edge split is in the "
+                         "dataset's own order, which link runs keep")

@@ -1,0 +1,65 @@
+"""``gnnpar-train --task link`` as a user runs it: the installed console script, from a
+working folder (issue 42, in progress).
+
+- a serial run and 2- and 3-rank runs of the same split give the same loss curve and metrics
+  (dropout 0; the negatives do not depend on the partition), and ``gnnpar-report`` draws the
+  log;
+- bad link input exits 2 with one line, before any work.
+"""
+import json
+
+import pytest
+
+from .cli_util import run_installed
+from .test_promises_cli import one_line
+
+DATA = "sbm:n=160,blocks=4,p_in=0.1,p_out=0.01"
+LINK = ["--task", "link", "--dataset", DATA, "--hidden", "8", "--epochs", "4", "--dropout",
+        "0", "--neg-ratio", "2", "--quiet"]
+METRICS = ("val_auc", "test_auc", "val_mrr", "test_mrr", "test_hits@20", "test_hits@50",
+           "test_hits@100")
+
+
+def records(log):
+    return [json.loads(line) for line in open(log).read().splitlines()]
+
+
+def train(cwd, *argv):
+    res = run_installed("gnnpar-train", *argv, cwd=cwd)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_link_runs_agree_serial_and_distributed(tmp_path):
+    train(tmp_path, *LINK, "--log-json", "serial.jsonl")
+    train(tmp_path, *LINK, "--algo", "1d-halo", "--nprocs", "2", "--log-json", "halo.jsonl")
+    train(tmp_path, *LINK, "--algo", "2d", "--grid", "3x1", "--nprocs", "3", "--decoder", "dot",
+          "--log-json", "2d.jsonl")
+    ref = records(tmp_path / "serial.jsonl")
+    assert ref[-1]["final"] and ref[-1]["task"] == "link" and ref[-1]["reorder"] == "none"
+    assert all(0.0 <= ref[-1][k] <= 1.0 for k in METRICS)
+    for name in ("halo.jsonl", "2d.jsonl"):
+        got = records(tmp_path / name)
+        assert got[-1]["world_size"] in (2, 3) and got[-1]["comm_bytes"] > 0
+        for a, b in zip(got, ref):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+            for k in METRICS:
+                assert a[k] == pytest.approx(b[k], abs=1e-5), (name, k)
+    res = run_installed("gnnpar-report", "halo.jsonl", "-o", "halo.png", cwd=tmp_path)
+    assert res.returncode == 0 and (tmp_path / "halo.png").stat().st_size > 0, res.stderr
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--task", "link", "--link-split", "0,0.5,0.5"], "no training share"),
+    (["--task", "link", "--link-split", "0.5,0.5"], "three shares"),
+    (["--task", "link", "--neg-ratio", "0"], "--neg-ratio must be in 1..1024"),
+    (["--task", "link", "--neg-ratio", "1025"], "--neg-ratio must be in 1..1024"),
+    (["--neg-ratio", "3"], "applies to --task link"),
+    (["--task", "link", "--save-model", "m.pt"], "--save-model"),
+    (["--task", "link", "--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"],
+     "mini-batch link training is not built yet"),
+    (["--task", "link", "--dataset", "sbm:n=6,blocks=2,p_in=0.3,p_out=0.01"], "too few"),
+])
+def test_bad_link_input_exits_2_with_one_line(tmp_path, argv, says):
+    res = run_installed("gnnpar-train", *argv, "--epochs", "1", "--quiet", cwd=tmp_path)
+    assert says in one_line(res)
