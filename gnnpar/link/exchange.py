@@ -37,7 +37,7 @@ class PairExchange:
         self.comm, self.axes = runtime.comm, runtime.world_axes
         members = self.comm.grid.ranks_of(self.axes)
         self.world, self.me = len(members), members.index(self.comm.grid.rank)
-        ids = torch.as_tensor(np.asarray(runtime.global_ids, np.int64))
+        ids = torch.from_numpy(np.array(runtime.global_ids, np.int64))  # a copy: ids may be mapped
         counts = torch.zeros(self.world, dtype=torch.int64)
         counts[self.me] = ids.shape[0]
         sizes = [int(c) for c in self.comm.reduce_control(counts, self.axes, "sum")]
