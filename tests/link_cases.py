@@ -70,3 +70,21 @@ def link_all(rank: int, world: int) -> dict:
 def reference(kind: str, decoder: str):
     train_g, _ = data()
     return run(SerialRuntime(train_g, models(kind, decoder)[0].norm), kind, decoder)
+
+
+def exchange_bytes(rank: int, world: int):
+    """One scoring call and its backward on a 1d-halo runtime: (what ``Comm`` counted on this
+    rank, what :func:`gnnpar.link.exchange.scoring_bytes` predicts for every rank)."""
+    from gnnpar.link.exchange import scoring_bytes
+    train_g, split = data()
+    shard = build_shard(train_g, partition_graph(train_g, world, "metis", seed=3), rank,
+                        norms=("gcn",))
+    rt = DistRuntime(make_grid("1d-halo", world, None, 1), shard, "1d-halo", "gcn")
+    ex = PairExchange(rt, N)
+    pairs = np.concatenate([split.train_pos, split.test_neg], axis=1)
+    by_rank = [pairs[:, ex.owner[pairs[0]] == r] for r in range(world)]
+    z = torch.randn(rt.x.shape[0], WIDTH, requires_grad=True)
+    rt.comm.reset()
+    zu, zv = ex.rows(z, by_rank[rank])
+    (zu * zv).sum().backward()
+    return rt.comm.total_bytes(), scoring_bytes(ex.owner, by_rank, WIDTH).tolist()

@@ -17,7 +17,7 @@ from gnnpar.serial import SerialRuntime
 from gnnpar.spawn import spawn
 from gnnpar.trainer import TrainConfig
 
-from .link_cases import MODELS, link_all, reference
+from .link_cases import MODELS, exchange_bytes, link_all, reference
 from .predict_cases import cases
 
 
@@ -185,3 +185,10 @@ def test_distributed_link_training_equals_serial(world, label, kind, decoder):
         assert got_metrics.keys() == metrics.keys()
         for k in metrics:
             assert got_metrics[k] == pytest.approx(metrics[k], abs=1e-5), k
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_scoring_exchange_bytes_predicted_exactly(world):
+    out = spawn(exchange_bytes, world, timeout_s=300)
+    predicted = out[0][1]
+    assert [o[0] for o in out] == predicted and sum(predicted) > 0

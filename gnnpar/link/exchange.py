@@ -107,3 +107,25 @@ class PairExchange:
                                    [int(c) for c in recv_counts],
                                    [int(c) for c in send_counts], self.axes)
         return out.numpy()
+
+
+def scoring_bytes(owner: np.ndarray, pairs_by_rank, width: int, row_bytes_per_feature: int = 4
+                  ) -> np.ndarray:
+    """The bytes each rank sends for one :meth:`PairExchange.rows` call and its backward,
+    predicted from every rank's pairs (``pairs_by_rank[r]``: (2, K_r) global ids, sources
+    owned by r) and the owner of each vertex — what :class:`~gnnpar.kernels.comm.Comm`
+    counts: the request counts (8 bytes to each other rank), the requested row ids (8 bytes
+    each, to their owners), the rows (``width`` features of ``row_bytes_per_feature`` bytes,
+    from the owners) and their gradients (the same rows back). With the split and the
+    counter-based negatives every rank can compute every rank's pairs, so this is exact."""
+    world = len(pairs_by_rank)
+    sent = np.zeros(world, np.int64)
+    row = int(width) * int(row_bytes_per_feature)
+    for r, pairs in enumerate(pairs_by_rank):
+        dst = np.asarray(pairs, np.int64)[1]
+        need = np.unique(dst[owner[dst] != r])  # distinct remote rows r asks for
+        per_owner = np.bincount(owner[need], minlength=world)
+        sent[r] += 8 * (world - 1) + 8 * int(need.shape[0])  # counts, then ids
+        sent += per_owner * row  # each owner sends its rows to r ...
+        sent[r] += int(need.shape[0]) * row  # ... and r returns their gradients
+    return sent
