@@ -29,7 +29,9 @@ from gnnpar.partitioners.shard_folder import shard_writer
 from gnnpar.partitioners.shards import dataset_source, load_shard, read_meta
 
 from .interfaces import Shard
-from .link.split import load_split, parse_fractions, save_split, split_edges
+from .link.options import DEFAULT_SPLIT
+from .link.split import (given_arrays, given_split, load_split, parse_fractions, save_split,
+                         split_edges)
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
 
 DEFAULT_PARTITIONER = "metis"
@@ -57,11 +59,17 @@ def load_graph(spec) -> Graph:
     """The whole dataset of ``spec`` (``--dataset``, default a small SBM), in the vertex order
     of ``--reorder`` (:mod:`gnnpar.datasets.reorder`). A ``--task link`` run gets the training
     graph of its edge split instead (held-out edges removed), the split in
-    ``meta["link_split"]`` (:func:`gnnpar.link.split.split_edges`, seeded by ``--seed``)."""
+    ``meta["link_split"]``: an ``npz:`` dataset's own (:func:`gnnpar.link.split.given_split`),
+    else one drawn by :func:`gnnpar.link.split.split_edges`, seeded by ``--seed``."""
     graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
                          cache_dir=spec.cache_dir)
     if getattr(spec, "task", "node") == "link":
-        graph, split = split_edges(graph, parse_fractions(spec.link_split), spec.seed)
+        given = given_arrays(spec.dataset or DEFAULT_SPEC)
+        if given and spec.link_split != DEFAULT_SPLIT:
+            raise InputError(f"--link-split: {spec.dataset} carries its own split "
+                             "(train_pos, val_pos, test_pos), which the run uses")
+        graph, split = (given_split(graph, given, spec.seed, where=spec.dataset) if given
+                        else split_edges(graph, parse_fractions(spec.link_split), spec.seed))
         graph.meta = {**graph.meta, "link_split": split}
     return reorder(graph, vertex_order(spec))
 

@@ -192,3 +192,47 @@ def test_scoring_exchange_bytes_predicted_exactly(world):
     out = spawn(exchange_bytes, world, timeout_s=300)
     predicted = out[0][1]
     assert [o[0] for o in out] == predicted and sum(predicted) > 0
+
+
+def write_npz_split(path, g, split, drop=()):
+    """``g`` as an npz dataset with ``split``'s positives (and negatives) as its own keys."""
+    src, dst = g.edges()
+    arrays = dict(edge_index=np.stack([src, dst]), x=g.x, y=g.y, train_mask=g.train_mask,
+                  val_mask=g.val_mask, test_mask=g.test_mask, train_pos=split.train_pos,
+                  val_pos=split.val_pos, test_pos=split.test_pos, val_neg=split.val_neg,
+                  test_neg=split.test_neg)
+    np.savez(path, **{k: v for k, v in arrays.items() if k not in drop})
+
+
+def test_a_dataset_split_is_read_as_given(tmp_path):
+    from gnnpar.shard_source import load_graph
+    from gnnpar.spec import RunSpec
+    g = random_graph(n=200, edges=900, seed=3)
+    _, split = split_edges(g, (0.6, 0.2, 0.2), seed=9)
+    path = tmp_path / "own.npz"
+    write_npz_split(path, g, split, drop=("val_neg",))
+    loaded = load_graph(RunSpec(task="link", dataset=f"npz:{path}", reorder="none"))
+    got = loaded.meta["link_split"]
+    assert np.array_equal(got.train_pos, split.train_pos)
+    assert np.array_equal(got.test_neg, split.test_neg)  # given: kept
+    assert got.val_neg.shape == split.val_pos.shape  # not given: drawn, non-edges
+    assert not keys_of(got.val_neg, 200) & set(undirected_edges(g).tolist())
+    src, dst = loaded.edges()
+    kept = keys_of((src[src != dst], dst[src != dst]), 200)
+    assert not kept & (keys_of(split.val_pos, 200) | keys_of(split.test_pos, 200))
+    assert kept == keys_of(split.train_pos, 200)
+    with pytest.raises(InputError, match="own split"):
+        load_graph(RunSpec(task="link", dataset=f"npz:{path}", link_split="0.5,0.25,0.25"))
+
+
+def test_a_dataset_split_with_bad_ids_is_refused(tmp_path):
+    from gnnpar.shard_source import load_graph
+    from gnnpar.spec import RunSpec
+    g = random_graph(n=50, edges=200, seed=4)
+    _, split = split_edges(g, seed=1)
+    bad = split.test_pos.copy()
+    bad[1, 0] = 50
+    path = tmp_path / "bad.npz"
+    write_npz_split(path, g, split.__class__(**{**vars(split), "test_pos": bad}))
+    with pytest.raises(InputError, match="test_pos has vertex id 50, out of range for 50"):
+        load_graph(RunSpec(task="link", dataset=f"npz:{path}"))

@@ -92,6 +92,66 @@ def split_edges(graph: Graph, fractions=DEFAULT_FRACTIONS, seed: int = 0,
     return training_graph(graph, train_keys), split
 
 
+#: the npz keys of a dataset's own split (2 × K global ids each); the ``*_neg`` optional
+GIVEN_KEYS = ("train_pos", "val_pos", "test_pos", "val_neg", "test_neg")
+
+
+def given_arrays(dataset: str) -> dict:
+    """The split an ``npz:`` dataset carries (:data:`GIVEN_KEYS`), read as given; {} for
+    another dataset or an npz file without ``train_pos``."""
+    from gnnpar.datasets import parse_spec
+    kind, keys = parse_spec(dataset)
+    if kind != "npz":
+        return {}
+    with np.load(keys["path"], allow_pickle=False) as z:
+        if "train_pos" not in z.files:
+            return {}
+        missing = [k for k in GIVEN_KEYS[:3] if k not in z.files]
+        if missing:
+            raise InputError(f"{keys['path']} has train_pos but not {', '.join(missing)}: a "
+                             "split needs train_pos, val_pos and test_pos")
+        return {k: z[k] for k in GIVEN_KEYS if k in z.files}
+
+
+def given_split(graph: Graph, arrays: dict, seed: int = 0, ranked: int = EVAL_RANKED,
+                where: str = "the dataset") -> Tuple[Graph, LinkSplit]:
+    """The training graph and split of a dataset's own split (``arrays``, checked: 2 × K
+    integer ids in range): every stored copy of a validation or test positive is removed
+    from the message-passing graph; missing ``val_neg``/``test_neg`` are drawn as
+    :func:`split_edges` draws them, and so are the per-positive MRR negatives."""
+    n = graph.num_nodes
+    pairs = {k: _checked_pairs(v, k, n, where) for k, v in arrays.items()}
+    keys = undirected_edges(graph)
+    held = np.concatenate([_keys(pairs["val_pos"], n), _keys(pairs["test_pos"], n)])
+    train_keys = keys[~_member(keys, np.unique(held))]
+    rng = np.random.default_rng([seed, _NEG_STREAM])
+    every = np.unique(np.concatenate([keys, held, _keys(pairs["train_pos"], n)]))
+    neg = {side: pairs.get(f"{side}_neg") if f"{side}_neg" in pairs else
+           non_edges(rng, every, n, pairs[f"{side}_pos"].shape[1]) for side in ("val", "test")}
+    split = LinkSplit(pairs["train_pos"], pairs["val_pos"], pairs["test_pos"], neg["val"],
+                      neg["test"],
+                      ranked_non_edges(rng, every, pairs["val_pos"][0], n, ranked),
+                      ranked_non_edges(rng, every, pairs["test_pos"][0], n, ranked))
+    return training_graph(graph, train_keys), split
+
+
+def _checked_pairs(a, key: str, n: int, where: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 2 or a.shape[0] != 2 or not np.issubdtype(a.dtype, np.integer):
+        raise InputError(f"{where}: {key} must be a 2 x K integer array of vertex ids, got "
+                         f"shape {a.shape} dtype {a.dtype}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+        bad = int(a.min()) if a.min() < 0 else int(a.max())
+        raise InputError(f"{where}: {key} has vertex id {bad}, out of range for {n} vertices")
+    if key.endswith("_pos") and a.shape[1] == 0:
+        raise InputError(f"{where}: {key} is empty")
+    return a.astype(np.int64)
+
+
+def _keys(pairs: np.ndarray, n: int) -> np.ndarray:
+    return np.minimum(pairs[0], pairs[1]) * n + np.maximum(pairs[0], pairs[1])
+
+
 def training_graph(graph: Graph, train_keys: np.ndarray) -> Graph:
     """``graph`` with only the stored copies of ``train_keys``' edges and its self loops."""
     src, dst = graph.edges()
