@@ -125,6 +125,10 @@ def check(args) -> Tuple[RunSpec, PredictJob]:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     payload = read_model_file(args.model_file)
     where = f"model file {args.model_file}"
+    if payload.get("task") == "link":
+        raise InputError(f"{where} is a link-prediction encoder (gnnpar-train --task link); "
+                         "gnnpar-predict does not score pairs yet: load it with "
+                         "gnnpar.load_model (its decoder scores pairs)")
     model = model_from_payload(payload, where)  # a factory that no longer imports: exit 2
     embeddings = args.embeddings or args.embeddings_layer is not None
     if embeddings:

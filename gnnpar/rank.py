@@ -98,7 +98,7 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype,
               "reorder": vertex_order(spec)}  # the order the graph was loaded in
     final = train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
-                         model, spec, fields, lead, training.desc,
+                         training.module or model, spec, fields, lead, training.desc,
                          {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
                          ckpt=ckpt)
     if spec.save_predictions and final.get("diverged_epoch") is None:

@@ -8,7 +8,10 @@ A model file is a ``torch.save`` of plain containers, tensors and numbers, so
 - ``f_in``, ``hidden``, ``f_out``, ``layers``, ``dropout``: what the factory was called with;
 - ``heads``, ``attn_dropout``: a GAT's, resolved (never ``None``);
 - ``norm``: the Â the model was trained with (``gcn``, ``mean`` or ``sum``);
-- ``state_dict``: the weights, on the CPU.
+- ``state_dict``: the weights, on the CPU;
+- a link-prediction model's (``--task link``) also ``task`` (``"link"``), ``decoder``
+  (``dot`` or ``mlp``) and ``decoder_state``; :func:`load_model` gives its encoder, the
+  decoder as the encoder's ``decoder`` (``model.decoder(z_u, z_v)`` scores pairs).
 
 Files written before ``format`` existed (``state_dict``, ``model``, ``layers``, ``hidden``,
 ``f_in``, ``f_out`` and a GAT's ``heads``) load too, with the defaults for what they lack.
@@ -35,7 +38,13 @@ _REQUIRED = ("state_dict", "model", "layers", "hidden", "f_in", "f_out")
 
 def model_payload(model: nn.Module, spec, shapes: Dict[str, int]) -> dict:
     """What :func:`write_model_file` stores for ``model`` trained under ``spec``;
-    ``shapes``: its ``f_in`` and ``f_out``."""
+    ``shapes``: its ``f_in`` and ``f_out``. A link run's ``model`` is its encoder and
+    decoder (:func:`gnnpar.link.loop.link_modules`)."""
+    if isinstance(model, nn.ModuleDict) and "decoder" in model:
+        return {**model_payload(model["encoder"], spec, shapes), "task": "link",
+                "decoder": spec.decoder,
+                "decoder_state": {k: v.detach().cpu()
+                                  for k, v in model["decoder"].state_dict().items()}}
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION,
                "model": spec.model, "layers": int(spec.layers), "hidden": int(spec.hidden),
                "dropout": float(spec.dropout), "norm": str(getattr(model, "norm", "gcn")),
@@ -101,10 +110,24 @@ def model_from_payload(payload: dict, source: str = "model file") -> nn.Module:
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0]
         raise InputError(f"{source}: its weights do not fit model {kind!r} ({first})") from None
+    if payload.get("task") == "link":
+        model.decoder = _decoder(payload, source)
     if "norm" in payload and getattr(model, "norm", payload["norm"]) != payload["norm"]:
         raise InputError(f"{source}: model {kind!r} now asks for norm {model.norm!r}, but it "
                          f"was trained with {payload['norm']!r}")
     return model.eval()
+
+
+def _decoder(payload: dict, source: str) -> nn.Module:
+    """A link model's decoder with its weights."""
+    from .link.decoders import build_decoder
+    decoder = build_decoder(str(payload.get("decoder")), int(payload["f_out"]))
+    try:
+        decoder.load_state_dict(payload.get("decoder_state", {}))
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise InputError(f"{source}: its decoder weights do not fit ({first})") from None
+    return decoder.eval()
 
 
 def load_model(path: str, device="cpu") -> nn.Module:

@@ -55,7 +55,7 @@ def test_link_runs_agree_serial_and_distributed(tmp_path):
     (["--task", "link", "--neg-ratio", "0"], "--neg-ratio must be in 1..1024"),
     (["--task", "link", "--neg-ratio", "1025"], "--neg-ratio must be in 1..1024"),
     (["--neg-ratio", "3"], "applies to --task link"),
-    (["--task", "link", "--save-model", "m.pt"], "--save-model"),
+    (["--task", "link", "--checkpoint-dir", "ck"], "do not checkpoint their decoder yet"),
     (["--task", "link", "--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"],
      "mini-batch link training is not built yet"),
     (["--task", "link", "--dataset", "sbm:n=6,blocks=2,p_in=0.3,p_out=0.01"], "too few"),
@@ -63,3 +63,33 @@ def test_link_runs_agree_serial_and_distributed(tmp_path):
 def test_bad_link_input_exits_2_with_one_line(tmp_path, argv, says):
     res = run_installed("gnnpar-train", *argv, "--epochs", "1", "--quiet", cwd=tmp_path)
     assert says in one_line(res)
+
+
+def test_saved_link_model_loads_with_its_decoder(tmp_path):
+    """``--save-model`` of a link run keeps encoder and decoder; the loaded pair scores as
+    the run's final weights do (its test AUC recomputed from the saved model equals the
+    log's), and gnnpar-predict refuses it with one line."""
+    import numpy as np
+    import torch
+
+    import gnnpar
+    from gnnpar.link.metrics import auc
+    from gnnpar.shard_source import load_graph
+    from gnnpar.spec import RunSpec
+
+    train(tmp_path, *LINK, "--decoder", "mlp", "--save-model", "link.pt",
+          "--log-json", "log.jsonl")
+    model = gnnpar.load_model(str(tmp_path / "link.pt"))
+    assert isinstance(model.decoder, torch.nn.Module)
+    g = load_graph(RunSpec(task="link", dataset=DATA, reorder="none"))
+    split = g.meta["link_split"]
+    z = gnnpar.predict(model, g)  # the output rows: the embeddings pairs are scored on
+    with torch.no_grad():
+        score = lambda p: model.decoder(z[torch.as_tensor(p[0])],  # noqa: E731
+                                        z[torch.as_tensor(p[1])]).numpy()
+        got = auc(score(split.test_pos), score(split.test_neg))
+    assert got == pytest.approx(records(tmp_path / "log.jsonl")[-1]["test_auc"], abs=1e-6)
+    res = run_installed("gnnpar-predict", "--model-file", "link.pt", "--dataset", DATA,
+                        "--out", "p", cwd=tmp_path)
+    assert "link-prediction encoder" in one_line(res)
+    assert np.isfinite(got)

@@ -18,7 +18,6 @@ UNSUPPORTED = {
     "partition_dir": (None, "shards written before do not carry the edge split; let the run "
                             "partition the dataset (drop --partition-dir)"),
     "checkpoint_dir": (None, "link runs do not checkpoint their decoder yet"),
-    "save_model": (None, "saving an encoder with its decoder is not built yet"),
     "save_predictions": (None, "link runs write no node predictions"),
 }
 
