@@ -46,31 +46,35 @@ def is_custom(name: str) -> bool:
     return ":" in name
 
 
-def load_factory(name: str):
-    """The callable ``name`` (``package.module:factory``) names, or an InputError."""
+def load_factory(name: str, flag: str = "--model"):
+    """The callable ``name`` (``package.module:factory``) names, or an InputError naming
+    ``flag`` (``--model``, or ``--decoder`` for a link run's decoder)."""
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise InputError(f"--model {name}: a custom model is named package.module:factory")
+        what = "model" if flag == "--model" else "decoder"
+        raise InputError(f"{flag} {name}: a custom {what} is named package.module:factory")
     try:
         with _cwd_first():
             module = importlib.import_module(module_name)
     except ImportError as exc:
         if not _is_missing(exc, module_name):  # found, but it imports something missing
-            raise InputError(f"--model {name}: importing {module_name!r} raised "
+            raise InputError(f"{flag} {name}: importing {module_name!r} raised "
                              f"{_described(exc)}") from None
-        raise InputError(f"--model {name}: cannot import {module_name!r} ({exc}); put its "
+        raise InputError(f"{flag} {name}: cannot import {module_name!r} ({exc}); put its "
                          "folder on PYTHONPATH or run from it") from None
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code: one line
-        raise InputError(f"--model {name}: importing {module_name!r} raised "
+        raise InputError(f"{flag} {name}: importing {module_name!r} raised "
                          f"{_described(exc)}") from None
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
         if factory is None:
-            raise InputError(f"--model {name}: module {module_name!r} has no {attr!r}")
+            raise InputError(f"{flag} {name}: module {module_name!r} has no {attr!r}")
     if not callable(factory):
-        raise InputError(f"--model {name}: {attr!r} in {module_name!r} is not callable (a "
-                         "factory(f_in, hidden, f_out, layers, dropout) returning a model)")
+        want = ("factory(f_in, hidden, f_out, layers, dropout) returning a model"
+                if flag == "--model" else "factory(width) returning a decoder")
+        raise InputError(f"{flag} {name}: {attr!r} in {module_name!r} is not callable (a "
+                         f"{want})")
     return factory
 
 

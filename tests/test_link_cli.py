@@ -7,6 +7,7 @@ working folder (issue 42, in progress).
 - bad link input exits 2 with one line, before any work.
 """
 import json
+import os
 
 import pytest
 
@@ -55,6 +56,8 @@ def test_link_runs_agree_serial_and_distributed(tmp_path):
     (["--task", "link", "--neg-ratio", "0"], "--neg-ratio must be in 1..1024"),
     (["--task", "link", "--neg-ratio", "1025"], "--neg-ratio must be in 1..1024"),
     (["--neg-ratio", "3"], "applies to --task link"),
+    (["--task", "link", "--decoder", "cosine"], "unknown decoder 'cosine'"),
+    (["--task", "link", "--decoder", "nowhere:make"], "--decoder nowhere:make: cannot import"),
     (["--task", "link", "--checkpoint-dir", "ck"], "do not checkpoint their decoder yet"),
     (["--task", "link", "--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"],
      "mini-batch link training is not built yet"),
@@ -93,3 +96,42 @@ def test_saved_link_model_loads_with_its_decoder(tmp_path):
                         "--out", "p", cwd=tmp_path)
     assert "link-prediction encoder" in one_line(res)
     assert np.isfinite(got)
+
+
+DECODER = """
+import torch
+
+
+class Bilinear(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.eye(width) + 0.1)
+
+    def forward(self, zu, zv):
+        return ((zu @ self.w) * zv).sum(-1)
+
+
+def bilinear(width):
+    return Bilinear(width)
+"""
+
+
+@pytest.mark.slow
+def test_a_users_decoder(tmp_path):
+    """``--decoder package.module:factory`` from the working folder: trained on one process and
+    on 2 ranks alike, saved and loaded back with the model."""
+    import gnnpar
+    (tmp_path / "mydec.py").write_text(DECODER)
+    argv = [*LINK, "--decoder", "mydec:bilinear"]
+    train(tmp_path, *argv, "--log-json", "s.jsonl", "--save-model", "m.pt")
+    train(tmp_path, *argv, "--algo", "1d-halo", "--nprocs", "2", "--log-json", "d.jsonl")
+    a, b = records(tmp_path / "s.jsonl"), records(tmp_path / "d.jsonl")
+    assert a[-1]["decoder"] == "mydec:bilinear"
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path)  # the factory is imported from the working folder, as in training
+        assert type(gnnpar.load_model("m.pt").decoder).__name__ == "Bilinear"
+    finally:
+        os.chdir(here)

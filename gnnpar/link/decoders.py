@@ -43,11 +43,29 @@ DECODERS = {"dot": DotDecoder, "mlp": MLPDecoder}
 
 
 def build_decoder(name: str, width: int) -> nn.Module:
+    """``--decoder``: ``dot``, ``mlp``, or a user's ``package.module:factory`` — called as
+    ``factory(width)`` (the embeddings' width), returning a ``torch.nn.Module`` whose
+    ``forward(z_u, z_v)`` gives one logit a pair; imported as ``--model`` factories are
+    (:mod:`gnnpar.custom_model`)."""
     if name == "dot":
         return DotDecoder()
     if name == "mlp":
         return MLPDecoder(width)
-    raise InputError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)}")
+    if ":" not in name:
+        raise InputError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)} or "
+                         "name your own as package.module:factory")
+    from gnnpar.custom_model import load_factory
+    try:
+        decoder = load_factory(name, "--decoder")(int(width))
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: one line
+        raise InputError(f"--decoder {name}: factory({width}) raised "
+                         f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(decoder, nn.Module):
+        raise InputError(f"--decoder {name}: factory({width}) returned "
+                         f"{type(decoder).__name__}, not a torch.nn.Module")
+    return decoder
 
 
 def summed_link_loss(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import argparse
 
 from gnnpar.datasets import InputError
 
-from .decoders import DECODERS
+from .decoders import DECODERS, build_decoder
 from .negatives import MAX_RATIO, check_ratio
 from .split import DEFAULT_FRACTIONS, parse_fractions
 
@@ -33,9 +33,11 @@ def add_link_args(p: argparse.ArgumentParser) -> None:
                         "directions of an edge on one side)")
     g.add_argument("--neg-ratio", type=int, default=1, metavar="K",
                    help=f"--task link: negatives a training positive (1..{MAX_RATIO:,})")
-    g.add_argument("--decoder", choices=tuple(DECODERS), default="dot",
+    g.add_argument("--decoder", default="dot",
+                   metavar="{" + ",".join(DECODERS) + ",package.module:factory}",
                    help="--task link: the pair score: dot = <z_u, z_v>; mlp = an MLP on "
-                        "z_u * z_v")
+                        "z_u * z_v; or your own: factory(width) returning a torch.nn.Module "
+                        "whose forward(z_u, z_v) gives one logit a pair")
 
 
 def check_link_args(args) -> None:
@@ -48,6 +50,7 @@ def check_link_args(args) -> None:
         return
     parse_fractions(args.link_split)
     check_ratio(args.neg_ratio)
+    build_decoder(args.decoder, args.hidden)  # a user's factory imported and tried once
     for flag, (bad, why) in UNSUPPORTED.items():
         value = getattr(args, flag, None)
         if (value == bad) if bad is not None else value:
