@@ -56,7 +56,8 @@ def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
     last = history[-1]
     peaks = [r["peak_mem_bytes"] for r in history] + (
         [b["peak_mem_bytes"]] if "peak_mem_bytes" in b else [])
-    return {"epochs": int(b.get("epochs", 0)) + len(history), **{k: last[k] for k in _LAST if k in last},
+    return {"epochs": int(b.get("epochs", 0)) + len(history),
+            **{k: last[k] for k in _LAST if k in last},
             "total_s": b.get("total_s", 0.0) + sum(r["epoch_s"] for r in history),
             "comm_bytes": b.get("comm_bytes", 0) + sum(r["comm_bytes"] for r in history),
             "peak_mem_bytes": max(peaks), **merge_rank_peaks([b, *history])}

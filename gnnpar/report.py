@@ -4,8 +4,9 @@
 
 Four panels: loss and accuracies (a link run's AUC, MRR and Hits@50) per epoch; each
 epoch's time split into compute, communication and — for mini-batch runs — sampling
-(``sampler_s``) and input stalls (``stall_s``), as stacked bars; bytes sent per rank per epoch (mean over ranks and the
-busiest rank, or every rank when the log has ``comm_bytes_per_rank``); a summary of the run.
+(``sampler_s``) and input stalls (``stall_s``), as stacked bars; bytes sent per rank per
+epoch (mean over ranks and the busiest rank, or every rank when the log has
+``comm_bytes_per_rank``); a summary of the run.
 Exit codes: 0 written, 2 unreadable or empty log, or an output path it may not write (a
 folder, the log itself, a path inside a gnnpar folder), checked before the log is read.
 """

@@ -71,7 +71,6 @@ def build_decoder(name: str, width: int) -> nn.Module:
 def summed_link_loss(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
     """Binary cross-entropy of positive (label 1) and negative (label 0) logits, summed over
     the pairs (a distributed run divides by the global count, as the node loss does)."""
-    return (F.binary_cross_entropy_with_logits(pos.float(), torch.ones_like(pos, dtype=torch.float32),
-                                               reduction="sum")
-            + F.binary_cross_entropy_with_logits(neg.float(), torch.zeros_like(neg, dtype=torch.float32),
-                                                 reduction="sum"))
+    pos, neg = pos.float(), neg.float()
+    return (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos), reduction="sum")
+            + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg), reduction="sum"))
