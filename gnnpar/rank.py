@@ -94,7 +94,8 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity,
             **_numerics_identity(spec)}
     lead = rank == 0
-    ckpt = Checkpointing(spec, rank, meta, model, opt, spec.quiet or not lead)
+    ckpt = Checkpointing(spec, rank, meta, training.module or model, opt,
+                         spec.quiet or not lead)
     fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype,
               "reorder": vertex_order(spec)}  # the order the graph was loaded in
     final = train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),

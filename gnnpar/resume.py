@@ -324,6 +324,9 @@ def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
             "variant": getattr(spec, "variant", None),
             "replication": getattr(spec, "replication", None)}
     meta.update(attention_settings(spec))
+    if getattr(spec, "task", "node") == "link":  # node runs add nothing: old checkpoints fit
+        meta.update({"task": "link", "link_split": spec.link_split,
+                     "neg_ratio": int(spec.neg_ratio), "decoder": spec.decoder})
     if mode == "minibatch":
         macro = getattr(spec, "macrobatch", None)
         meta.update({"fanouts": list(parse_fanouts(spec.fanouts)),

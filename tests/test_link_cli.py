@@ -58,7 +58,7 @@ def test_link_runs_agree_serial_and_distributed(tmp_path):
     (["--neg-ratio", "3"], "applies to --task link"),
     (["--task", "link", "--decoder", "cosine"], "unknown decoder 'cosine'"),
     (["--task", "link", "--decoder", "nowhere:make"], "--decoder nowhere:make: cannot import"),
-    (["--task", "link", "--checkpoint-dir", "ck"], "do not checkpoint their decoder yet"),
+    (["--task", "link", "--save-predictions", "p"], "link runs write no node predictions"),
     (["--task", "link", "--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"],
      "mini-batch link training is not built yet"),
     (["--task", "link", "--dataset", "sbm:n=6,blocks=2,p_in=0.3,p_out=0.01"], "too few"),
@@ -135,3 +135,24 @@ def test_a_users_decoder(tmp_path):
         assert type(gnnpar.load_model("m.pt").decoder).__name__ == "Bilinear"
     finally:
         os.chdir(here)
+
+
+@pytest.mark.slow
+def test_link_run_resumes_bit_for_bit(tmp_path):
+    """Checkpoints keep the decoder and optimiser with the encoder; the negatives are keyed
+    by epoch: 2 + 2 resumed epochs (on 2 ranks, with dropout) log what 4 unbroken ones do."""
+    argv = ["--task", "link", "--dataset", DATA, "--hidden", "8", "--dropout", "0.3",
+            "--neg-ratio", "2", "--decoder", "mlp", "--algo", "1d-halo", "--nprocs", "2",
+            "--quiet"]
+    train(tmp_path, *argv, "--epochs", "4", "--log-json", "whole.jsonl")
+    train(tmp_path, *argv, "--epochs", "2", "--checkpoint-dir", "ck", "--log-json", "cut.jsonl")
+    train(tmp_path, *argv, "--epochs", "4", "--checkpoint-dir", "ck", "--resume",
+          "--log-json", "cut.jsonl")
+    whole, cut = records(tmp_path / "whole.jsonl"), records(tmp_path / "cut.jsonl")
+    assert [r["epoch"] for r in cut[:-1]] == [0, 1, 2, 3]
+    for a, b in zip(whole, cut):
+        assert a["loss"] == b["loss"]
+        assert all(a[k] == b[k] for k in METRICS)
+    res = run_installed("gnnpar-train", *argv, "--epochs", "4", "--checkpoint-dir", "ck",
+                        "--resume", "--neg-ratio", "3", cwd=tmp_path)
+    assert res.returncode == 2 and "neg_ratio" in res.stderr, res.stderr[-2000:]

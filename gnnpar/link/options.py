@@ -17,7 +17,6 @@ UNSUPPORTED = {
     "mode": ("minibatch", "mini-batch link training is not built yet; use full batch"),
     "partition_dir": (None, "shards written before do not carry the edge split; let the run "
                             "partition the dataset (drop --partition-dir)"),
-    "checkpoint_dir": (None, "link runs do not checkpoint their decoder yet"),
     "save_predictions": (None, "link runs write no node predictions"),
 }
 
@@ -56,8 +55,6 @@ def check_link_args(args) -> None:
         if (value == bad) if bad is not None else value:
             raise InputError(f"--task link with --{flag.replace('_', '-')}"
                              f"{' ' + bad if bad else ''}: {why}")
-    if getattr(args, "resume", False):
-        raise InputError("--task link with --resume: link runs do not checkpoint yet")
     if args.reorder not in ("auto", "none"):
         raise InputError(f"--task link with --reorder {args.reorder}: the edge split is in the "
                          "dataset's own order, which link runs keep")
