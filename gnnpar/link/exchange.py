@@ -37,7 +37,7 @@ class PairExchange:
         self.comm, self.axes = runtime.comm, runtime.world_axes
         members = self.comm.grid.ranks_of(self.axes)
         self.world, self.me = len(members), members.index(self.comm.grid.rank)
-        ids = torch.from_numpy(np.array(runtime.global_ids, np.int64))  # a copy: ids may be mapped
+        ids = torch.from_numpy(np.array(runtime.global_ids, np.int64))  # a copy: may be mapped
         counts = torch.zeros(self.world, dtype=torch.int64)
         counts[self.me] = ids.shape[0]
         sizes = [int(c) for c in self.comm.reduce_control(counts, self.axes, "sum")]
@@ -77,8 +77,8 @@ class PairExchange:
         pos = local.copy()
         pos[remote] = self.n_local + np.searchsorted(keys, owner[remote] * self.n_global_rows
                                                      + local[remote])
-        take = lambda p: torch.as_tensor(p, dtype=torch.int64, device=z.device)  # noqa: E731
-        return ext.index_select(0, take(self.local[src])), ext.index_select(0, take(pos))
+        return (ext.index_select(0, _index(self.local[src], z.device)),
+                ext.index_select(0, _index(pos, z.device)))
 
     def gather(self, scores: np.ndarray) -> np.ndarray:
         """Every rank's ``scores`` (1-D float64) concatenated in member order (for the
@@ -107,6 +107,10 @@ class PairExchange:
                                    [int(c) for c in recv_counts],
                                    [int(c) for c in send_counts], self.axes)
         return out.numpy()
+
+
+def _index(rows: np.ndarray, device) -> torch.Tensor:
+    return torch.as_tensor(rows, dtype=torch.int64, device=device)
 
 
 def scoring_bytes(owner: np.ndarray, pairs_by_rank, width: int, row_bytes_per_feature: int = 4
