@@ -29,6 +29,7 @@ from torch import nn
 from gnnpar.datasets import InputError
 
 from .attention import GAT_HEADS
+from .link.decoders import build_decoder
 from .models import build_model
 
 FORMAT, FORMAT_VERSION = "gnnpar-model", 1
@@ -120,7 +121,6 @@ def model_from_payload(payload: dict, source: str = "model file") -> nn.Module:
 
 def _decoder(payload: dict, source: str) -> nn.Module:
     """A link model's decoder with its weights."""
-    from .link.decoders import build_decoder
     decoder = build_decoder(str(payload.get("decoder")), int(payload["f_out"]))
     try:
         decoder.load_state_dict(payload.get("decoder_state", {}))

@@ -63,7 +63,7 @@ def load_graph(spec) -> Graph:
     else one drawn by :func:`gnnpar.link.split.split_edges`, seeded by ``--seed``."""
     graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
                          cache_dir=spec.cache_dir)
-    if spec.task == "link":
+    if getattr(spec, "task", "node") == "link":  # a spec-like Namespace may have no task
         given = given_arrays(spec.dataset or DEFAULT_SPEC)
         if given and spec.link_split != DEFAULT_SPLIT:
             raise InputError(f"--link-split: {spec.dataset} carries its own split "
@@ -89,7 +89,7 @@ def resolve_reorder(spec, serial_fullbatch: bool):
     the dataset's order, the order of its edge split."""
     if getattr(spec, "reorder", "none") != "auto":
         return spec
-    serial_fullbatch = serial_fullbatch and spec.task == "node"
+    serial_fullbatch = serial_fullbatch and getattr(spec, "task", "node") == "node"
     return spec.evolve(reorder="degree" if serial_fullbatch and not has_shards(spec) else "none")
 
 

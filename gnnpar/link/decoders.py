@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnnpar.custom_model import load_factory
 from gnnpar.datasets import InputError
 
 
@@ -54,7 +55,6 @@ def build_decoder(name: str, width: int) -> nn.Module:
     if ":" not in name:
         raise InputError(f"unknown decoder {name!r}; choose one of {', '.join(DECODERS)} or "
                          "name your own as package.module:factory")
-    from gnnpar.custom_model import load_factory
     try:
         decoder = load_factory(name, "--decoder")(int(width))
     except InputError:

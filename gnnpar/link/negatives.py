@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gnnpar.datasets import InputError
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 MAX_RATIO = 1024
@@ -26,7 +28,7 @@ def mix(x: np.ndarray) -> np.ndarray:
 
 
 def check_ratio(ratio: int) -> int:
-    from gnnpar.datasets import InputError
+    """``--neg-ratio`` in 1..:data:`MAX_RATIO`, or an InputError."""
     if not 1 <= int(ratio) <= MAX_RATIO:
         raise InputError(f"--neg-ratio must be in 1..{MAX_RATIO}, got {ratio}")
     return int(ratio)

@@ -18,7 +18,7 @@ from typing import Tuple
 
 import numpy as np
 
-from gnnpar.datasets import Graph, InputError
+from gnnpar.datasets import Graph, InputError, parse_spec
 
 #: the default ``--link-split``: train, validation, test shares of the undirected edges
 DEFAULT_FRACTIONS = (0.85, 0.05, 0.10)
@@ -99,7 +99,6 @@ GIVEN_KEYS = ("train_pos", "val_pos", "test_pos", "val_neg", "test_neg")
 def given_arrays(dataset: str) -> dict:
     """The split an ``npz:`` dataset carries (:data:`GIVEN_KEYS`), read as given; {} for
     another dataset or an npz file without ``train_pos``."""
-    from gnnpar.datasets import parse_spec
     kind, keys = parse_spec(dataset)
     if kind != "npz":
         return {}
