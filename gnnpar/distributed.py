@@ -104,10 +104,21 @@ def rows_tensor(a, dtype, device) -> torch.Tensor:
         return as_tensor(a, dtype, device)
     t = torch.from_numpy(cow)
     if device is None or torch.device(device).type == "cpu":
+        t._gnnpar_mapped_rows = cow  # for drop_row_pages
         return t
     t = t.to(device)
     release(cow)
     return t
+
+
+def drop_row_pages(t: torch.Tensor) -> None:
+    """Hand back the resident pages of rows :func:`rows_tensor` mapped from a file (a no-op
+    for any other tensor): they are the file's, and a later read maps them again. Only for
+    rows that nothing wrote (a written page would go back to the file's values), as every
+    reader of a shard's rows is."""
+    mapped = getattr(t, "_gnnpar_mapped_rows", None)
+    if mapped is not None:
+        release(mapped)
 
 
 def _file_id(st) -> tuple:

@@ -30,6 +30,7 @@ import torch
 
 from gnnpar.datasets import InputError
 
+from .distributed import drop_row_pages
 from .interfaces import LayerOps
 from .models import GNN
 from .precision import autocast, matmuls
@@ -88,11 +89,32 @@ def forward_rows(model, runtime, precision: str = "fp32", layer: Optional[int] =
             for i in range(len(model.layers)):
                 if i == layer:
                     emb = h
-                h = model.layer_step(i, ops[i], h)
+                with _input_pages_dropped(model.layers[i], h if i == 0 else None):
+                    h = model.layer_step(i, ops[i], h)
             return h.float(), emb
         with _captured_input(model, layer) as seen:
             out = model(ops, runtime.x)
         return out.float(), seen.get("h")
+
+
+@contextmanager
+def _input_pages_dropped(layer: torch.nn.Module, x: Optional[torch.Tensor]):
+    """Run ``layer`` with ``x``'s file pages (rows mapped from a shard:
+    :func:`~gnnpar.distributed.drop_row_pages`) handed back after each of its linear maps
+    and at its end: the first layer's dense product reads every input row once, and the
+    input's pages need not stay resident beside that product's output, the halo rows and the
+    layer's output (a read after a drop maps the page again from the page cache)."""
+    if x is None:
+        yield
+        return
+    handles = [m.register_forward_hook(lambda *args: drop_row_pages(x))
+               for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        drop_row_pages(x)
 
 
 def check_layerwise(model) -> None:

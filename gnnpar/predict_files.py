@@ -39,10 +39,14 @@ import torch
 from gnnpar.datasets import InputError
 from gnnpar.datasets.owned import check_claimable, claim, refuse_claimed
 
+from gnnpar.partitioners.node_stream import release
+
 from .cli_common import disk_full_message, is_disk_full
 
 FORMAT, FORMAT_VERSION, KIND = "gnnpar-predictions", 1, "predictions"
 META = "predict.json"
+#: bytes of a shared file written per block (:func:`_scatter`)
+BLOCK_BYTES = 64 << 20
 #: every name gnnpar writes into a predictions folder (removed before a new write)
 OWN_FILE = re.compile(r"(predictions|embeddings|ids)(\.rank\d{5})?\.npy(\.partial)?$")
 
@@ -108,7 +112,7 @@ def write_outputs(out: str, rank: int, world: int, n: int, ids: np.ndarray,
     ids = np.asarray(ids, np.int64)
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
-    rows = {name: _numpy_rows(t)[order] for name, t in arrays.items()}
+    rows = {name: _numpy_rows(t) for name, t in arrays.items()}  # row order[k] is ids[k]
     widths = {name: int(t.shape[1]) for name, t in arrays.items()}
     # every rank's width is the same: rank 0's may be of zero rows but keeps its width
     files = {}
@@ -141,10 +145,10 @@ def write_outputs(out: str, rank: int, world: int, n: int, ids: np.ndarray,
         if per_rank:
             _save(os.path.join(out, f"ids.rank{rank:05d}.npy"), ids)
             for name, a in rows.items():
-                _save(os.path.join(out, f"{name}.rank{rank:05d}.npy"), a)
+                _save(os.path.join(out, f"{name}.rank{rank:05d}.npy"), a[order])
         else:
             for name, a in rows.items():
-                _scatter(os.path.join(out, f"{name}.npy.partial"), ids, a)
+                _scatter(os.path.join(out, f"{name}.npy.partial"), ids, a, order)
     except OSError as e:
         error = e
     _fail_all(agree, error, f"write its rows into {flag} {out}", debris)
@@ -175,16 +179,26 @@ def _create(path: str, shape, dtype) -> None:
             os.posix_fallocate(fh.fileno(), 0, size)
 
 
-def _scatter(path: str, ids: np.ndarray, rows: np.ndarray) -> None:
-    """``rows`` into rows ``ids`` (ascending) of the shared .npy file, synced to disk."""
+def _scatter(path: str, ids: np.ndarray, rows: np.ndarray, order: np.ndarray) -> None:
+    """``rows[order]`` into rows ``ids`` (ascending) of the shared .npy file, synced to disk.
+
+    Block by block of about :data:`BLOCK_BYTES` of the file: a block's rows are gathered,
+    written, synced, and the block's pages handed back (:func:`release`), so neither a sorted
+    copy of the rows nor the file's pages (a rank's rows are spread over the whole file, so
+    it touches nearly every page) add to the rank's resident set beyond one block."""
     if ids.shape[0] == 0:
         return
     mm = np.load(path, mmap_mode="r+")
     if mm.shape[1] != rows.shape[1] or mm.dtype != rows.dtype:
         raise ValueError(f"{path}: rows of width {rows.shape[1]} ({rows.dtype}) for a file of "
                          f"{mm.shape[1]} ({mm.dtype})")
-    mm[ids] = rows
-    mm.flush()
+    step = max(1, BLOCK_BYTES // max(1, mm.shape[1] * mm.itemsize))  # file rows per block
+    cuts = np.searchsorted(ids, np.arange(0, mm.shape[0] + step, step))
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if b > a:
+            mm[ids[a:b]] = rows[order[a:b]]
+            mm.flush()
+            release(mm)
     del mm
 
 

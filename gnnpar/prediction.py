@@ -24,6 +24,7 @@ from gnnpar.kernels.dist_op import shard_values
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.kernels.halo import HaloPlan
 from gnnpar.kernels.local import as_tensor
+from gnnpar.kernels.overlap import forward_only
 
 from .distributed import rows_tensor
 from .inference import embeddings_layer, forward_rows, layerwise
@@ -105,7 +106,8 @@ def predict_rank(job: PredictJob, spec, rank: int = 0, world: int = 1, source=No
     if job.batch_size:
         rows = LayerwiseRows(data, model.norm, device, world)
     else:
-        rows = fullbatch_runtime(spec, world, data, model.norm, device, watchdog)
+        with forward_only():  # no transposes: nothing runs a backward
+            rows = fullbatch_runtime(spec, world, data, model.norm, device, watchdog)
     return predict_rows(model, rows, data, spec, job, rank, world,
                         outputs_meta(spec, payload["model"], job.model_file))
 

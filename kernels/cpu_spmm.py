@@ -270,6 +270,44 @@ def _product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]) -> t
     return kernel_product(A, h, out)
 
 
+#: bytes of product per row block of :func:`add_csr_mm`
+ADD_BLOCK_BYTES = 32 << 20
+
+
+def add_csr_mm(y: torch.Tensor, A: torch.Tensor, h: torch.Tensor,
+               block_bytes: int = ADD_BLOCK_BYTES) -> torch.Tensor:
+    """``y += A @ h`` in place (``y`` returned), as :func:`csr_mm` computes ``A @ h``.
+
+    On the CPU in row blocks of about ``block_bytes`` of product, added as each is made: one
+    block-sized buffer instead of a second tensor of ``y``'s size beside it (a rank's halo
+    product is as tall as its rows). The side that serves the product (the size rule) is
+    picked once, for the whole of ``A``, and each row's sum is taken alone on either side, so
+    ``y`` gets the bits of ``y.add_(csr_mm(A, h))``. On CUDA, and where ``h`` would be
+    widened to float32 for torch's product (per block, that copy would be made again each
+    time), one product."""
+    n, width = int(A.shape[0]), int(h.shape[1])
+    rows = max(1, int(block_bytes) // max(1, width * y.element_size()))
+    if n <= rows or A.device.type != "cpu" or A.layout != torch.sparse_csr \
+            or h.dtype != y.dtype or triton_spmm.selected(h):
+        return y.add_(csr_mm(A, h))
+    with torch.autocast(h.device.type, enabled=False), record_function("gnnpar::csr_mm"):
+        if _usable(A, h):
+            side = kernel_product
+        elif h.dtype == torch.float32 and A.dtype == torch.float32:
+            side = torch_product
+        else:
+            return y.add_(_product(A, h, None))
+        crow, col, val = A.crow_indices(), A.col_indices(), A.values()
+        buf = torch.empty((rows, width), dtype=y.dtype)
+        for a in range(0, n, rows):
+            b = min(n, a + rows)
+            lo, hi = int(crow[a]), int(crow[b])
+            block = torch.sparse_csr_tensor(crow[a:b + 1] - lo, col[lo:hi], val[lo:hi],
+                                            (b - a, int(A.shape[1])))
+            y[a:b].add_(side(block, h, buf[:b - a]))
+    return y
+
+
 def torch_product(A: torch.Tensor, h: torch.Tensor, out: Optional[torch.Tensor]
                   ) -> torch.Tensor:
     """torch's product of A and h, in their dtypes (into ``out`` when given)."""

@@ -33,12 +33,14 @@ nothing to reduce.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 
-from .cpu_spmm import csr_mm
+from .cpu_spmm import add_csr_mm, csr_mm
 from .local import csr_tensor
 
 
@@ -229,11 +231,26 @@ class _Parts:
         y_own = csr_mm(self.blocks["own", "held"], h)
         rest = pending.wait()
         if send:
-            y_send.add_(csr_mm(self.blocks["send", "rest"], rest))
+            add_csr_mm(y_send, self.blocks["send", "rest"], rest)
             back = row_axis.start_reduce(y_send)
         if rest.shape[0]:
-            y_own.add_(csr_mm(self.blocks["own", "rest"], rest))
+            add_csr_mm(y_own, self.blocks["own", "rest"], rest)
         return row_axis.finish_reduce(y_own, back.wait()) if send else y_own
+
+
+_FORWARD_ONLY = ContextVar("gnnpar_forward_only", default=False)
+
+
+@contextmanager
+def forward_only():
+    """Operators built inside are for inference: :class:`Overlapped` makes no parts of Âᵀ
+    (as much memory as the forward's parts, and their setup time), and a backward through
+    one raises."""
+    token = _FORWARD_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _FORWARD_ONLY.reset(token)
 
 
 class Overlapped:
@@ -249,11 +266,14 @@ class Overlapped:
         self.col_axis, self.row_axis = col_axis, row_axis or Local()
         row_cut = None if row_axis is None else row_axis.cut
         self.fwd = _Parts(indptr, cols, vals, tuple(shape), row_cut, col_axis.cut, device)
-        # Âᵀ: its own CSR arrays, which its parts may slice (no second copy)
-        t = _transpose(indptr, cols, vals, tuple(shape),
-                       index_dtype(cols.shape[0], tuple(shape)[::-1], device))
-        self.bwd = _Parts(*t, tuple(shape)[::-1], col_axis.cut,
-                          row_cut or Cut(0, int(shape[0]), int(shape[0])), device, views=True)
+        self.bwd = None
+        if not _FORWARD_ONLY.get():
+            # Âᵀ: its own CSR arrays, which its parts may slice (no second copy)
+            t = _transpose(indptr, cols, vals, tuple(shape),
+                           index_dtype(cols.shape[0], tuple(shape)[::-1], device))
+            self.bwd = _Parts(*t, tuple(shape)[::-1], col_axis.cut,
+                              row_cut or Cut(0, int(shape[0]), int(shape[0])), device,
+                              views=True)
         self.nnz, self.shape = int(cols.shape[0]), tuple(int(d) for d in shape)
 
     def forward(self, h: torch.Tensor, pending=None) -> torch.Tensor:
@@ -262,6 +282,9 @@ class Overlapped:
         return self.fwd.product(h, self.col_axis, self.row_axis, pending)
 
     def backward(self, grad: torch.Tensor) -> torch.Tensor:
+        if self.bwd is None:
+            raise RuntimeError("this operator was built for inference (forward_only): it has "
+                               "no transpose to run a backward with")
         return self.bwd.product(grad, self.row_axis, self.col_axis)
 
     def structure(self):

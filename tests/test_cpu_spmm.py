@@ -289,3 +289,26 @@ def test_writing_into_out_bumps_its_version():
     before = out._version
     csr_mm(A, torch.randn(20, 4), out)
     assert out._version > before
+
+
+@pytest.mark.parametrize("mode", ["numba", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,A", list(_cases()), ids=[c[0] for c in _cases()])
+def test_add_in_row_blocks_gives_the_bits_of_one_product(monkeypatch, mode, dtype, name, A):
+    """``add_csr_mm`` in blocks of a few rows (one row, three, more than A has) against
+    ``y + csr_mm(A, h)``, bit for bit, on each side of the size rule."""
+    monkeypatch.setenv(cpu_spmm.ENV, mode)
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(A.shape[1], 9, generator=g).to(dtype)
+    y = torch.randn(A.shape[0], 9, generator=g).to(dtype)
+    want = y.clone().add_(csr_mm(A, h))
+    row = 9 * y.element_size()
+    for block_bytes in (row, 3 * row, 10 ** 9):
+        got = y.clone()
+        assert cpu_spmm.add_csr_mm(got, A, h, block_bytes) is not None
+        assert torch.equal(got, want), (mode, dtype, name, block_bytes)
+    a32 = csr_tensor(A.crow_indices().numpy(), A.col_indices().numpy(), A.values().numpy(),
+                     tuple(A.shape), None, np.int32)
+    got = y.clone()
+    cpu_spmm.add_csr_mm(got, a32, h, 2 * row)
+    assert torch.equal(got, want), (mode, dtype, name, "int32 indices")

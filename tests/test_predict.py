@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import gnnpar
+from gnnpar import predict_files
 from gnnpar.datasets import InputError
 from gnnpar.inference import embeddings_layer, forward_rows, layerwise
 from gnnpar.serial import SerialRuntime
@@ -108,3 +109,23 @@ def test_embeddings_layer_range():
         embeddings_layer(gnnpar.models.GNN("gcn", 3, 4, 2, layers=1), None)
     with pytest.raises(InputError, match="no `layers`"):
         embeddings_layer(torch.nn.Linear(3, 2), None)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_rows_written_block_by_block_land_in_their_rows(tmp_path, monkeypatch, dtype):
+    """A rank's rows, scattered over the file, written in blocks of a few file rows (the
+    last block partial, some blocks holding none of the rank's rows), each row where its id
+    says; rows of other ranks untouched."""
+    monkeypatch.setattr(predict_files, "BLOCK_BYTES", 3 * 5 * np.dtype(dtype).itemsize)
+    path = str(tmp_path / "rows.npy.partial")
+    predict_files._create(path, (23, 5), dtype)
+    rng = np.random.default_rng(0)
+    ids = np.sort(rng.choice(23, 11, replace=False))
+    order = rng.permutation(11)
+    rows = np.empty((11, 5), dtype)
+    rows[order] = (np.arange(55).reshape(11, 5) + 1).astype(dtype)  # row order[k] is ids[k]
+    predict_files._scatter(path, ids, rows, order)
+    got = np.load(path)
+    want = np.zeros((23, 5), dtype)
+    want[ids] = rows[order]
+    assert np.array_equal(got, want)
