@@ -66,6 +66,15 @@ def as_tensor(a, dtype, device=None) -> torch.Tensor:
     return torch.from_numpy(arr).to(device)
 
 
+def index_dtype(nnz: int, shape, device) -> np.dtype:
+    """A CSR matrix's index dtype: int32 on the CPU where every index fits (torch's MKL product
+    takes int32 indices; int64 ones it converts on every call, an nnz-sized copy, to the
+    same product), else int64 (CUDA keeps the kernels' int64 products)."""
+    cpu = device is None or torch.device(device).type == "cpu"
+    return np.dtype(np.int32 if cpu and max(int(nnz), *(int(s) + 1 for s in shape)) <
+                    np.iinfo(np.int32).max else np.int64)
+
+
 def csr_tensor(indptr, indices, values, shape, device=None, index_dtype=np.int64
                ) -> torch.Tensor:
     """A torch sparse CSR tensor from numpy/torch arrays (``index_dtype`` indices, int64
@@ -142,10 +151,11 @@ class SparseOperator:
         self.num_dst, self.num_src = int(shape[0]), int(shape[1])
         self.nnz = int(indices.shape[0] if isinstance(indices, torch.Tensor)
                        else np.asarray(indices).shape[0])
-        self.A = csr_tensor(indptr, indices, values, shape, device)
+        idx = index_dtype(self.nnz, shape, device)  # int32 on the CPU where it fits
+        self.A = csr_tensor(indptr, indices, values, shape, device, idx)
         if transpose:
             self.AT = csr_tensor(*transpose_csr(indptr, indices, values, shape),
-                                 (self.num_src, self.num_dst), device)
+                                 (self.num_src, self.num_dst), device, idx)
         self.fwd_buffers = self.bwd_buffers = None
 
     def to(self, device) -> "SparseOperator":

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .cpu_spmm import add_csr_mm, csr_mm
-from .local import csr_tensor
+from .local import csr_tensor, index_dtype
 
 
 class Cut(NamedTuple):
@@ -67,15 +67,6 @@ class Cut(NamedTuple):
 #: source entries per chunk of the passes that cut a block into its parts (their masks and
 #: prefix sums are the only transients besides the parts themselves)
 CHUNK = 1 << 18
-
-
-def index_dtype(nnz: int, shape, device) -> np.dtype:
-    """The parts' index dtype: int32 on the CPU where every index fits (torch's MKL product
-    takes int32 indices; int64 ones it converts on every call, an nnz-sized copy, to the
-    same product), else int64 (CUDA keeps the kernels' int64 products)."""
-    cpu = device is None or torch.device(device).type == "cpu"
-    return np.dtype(np.int32 if cpu and max(int(nnz), *(int(s) + 1 for s in shape)) <
-                    np.iinfo(np.int32).max else np.int64)
 
 
 def _row_chunks(indptr: np.ndarray, start: int, stop: int):
