@@ -43,6 +43,7 @@ from .bootstrap import detect_world
 from .cli_common import DefaultsHelpFormatter, run_cli
 from .inference import check_layerwise, embeddings_layer, forward_rows, layerwise
 from .launch import launch
+from .link.scoring import read_pairs
 from .options import (_inputs, _overlaps, _shard_widths, add_data_args, add_distributed_args,
                       parser_defaults)
 from .precision import PRECISIONS
@@ -66,14 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "imported again, from the working folder as in training")
     m.add_argument("--out", required=True, metavar="DIR",
                    help="folder of predictions.npy (N x classes float32 logits, rows in the "
-                        "dataset's order), embeddings.npy and predict.json; a new or empty "
-                        "folder, or one gnnpar-predict wrote before (its files replaced)")
+                        "dataset's order), embeddings.npy and predict.json (a link model: "
+                        "embeddings.npy, its output rows, and with --pairs scores.npy); a new "
+                        "or empty folder, or one gnnpar-predict wrote before (its files "
+                        "replaced)")
     m.add_argument("--embeddings", action="store_true",
                    help="also write embeddings.npy: the rows entering layer K of the model "
                         "(--embeddings-layer; default the last hidden layer's output)")
     m.add_argument("--embeddings-layer", type=int, default=None, metavar="K",
                    help="the layer whose input is the embedding, 1..layers-1 (implies "
                         "--embeddings; default layers-1)")
+    m.add_argument("--pairs", default=None, metavar="FILE.npy",
+                   help="a link model (gnnpar-train --task link): also write scores.npy, the "
+                        "decoder's logit of each pair of FILE.npy, a (2, K) integer array of "
+                        "vertex ids in the dataset's order (row 0 sources, row 1 targets)")
     m.add_argument("--per-rank", action="store_true",
                    help="one file per rank (predictions.rankR.npy, embeddings.rankR.npy and "
                         "ids.rankR.npy, the dataset ids of its rows) instead of shared files")
@@ -125,12 +132,9 @@ def check(args) -> Tuple[RunSpec, PredictJob]:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     payload = read_model_file(args.model_file)
     where = f"model file {args.model_file}"
-    if payload.get("task") == "link":
-        raise InputError(f"{where} is a link-prediction encoder (gnnpar-train --task link); "
-                         "gnnpar-predict does not score pairs yet: load it with "
-                         "gnnpar.load_model (its decoder scores pairs)")
     model = model_from_payload(payload, where)  # a factory that no longer imports: exit 2
     embeddings = args.embeddings or args.embeddings_layer is not None
+    _check_link(args, payload.get("task") == "link", embeddings, where)
     if embeddings:
         embeddings_layer(model, args.embeddings_layer)
     if args.batch_size is not None:
@@ -145,8 +149,28 @@ def check(args) -> Tuple[RunSpec, PredictJob]:
         if how:
             raise InputError(f"--out {args.out} would {how} {what}; give another folder")
     job = PredictJob(os.path.abspath(args.model_file), args.out, embeddings,
-                     args.embeddings_layer, args.per_rank, args.batch_size)
+                     args.embeddings_layer, args.per_rank, args.batch_size,
+                     pairs=os.path.abspath(args.pairs) if args.pairs else None)
     return spec, job
+
+
+def _check_link(args, link: bool, embeddings: bool, where: str) -> None:
+    """The flags that depend on the model's task: a link model writes its output rows as
+    ``embeddings.npy`` (so ``--embeddings`` has nothing to add) and may score ``--pairs``
+    (shared files only: each rank reads both endpoints' rows from ``embeddings.npy``)."""
+    if link and embeddings:
+        raise InputError(f"{where} is a link model: its output rows are the node embeddings, "
+                         "written as embeddings.npy without --embeddings; drop "
+                         "--embeddings/--embeddings-layer")
+    if args.pairs is None:
+        return
+    if not link:
+        raise InputError(f"--pairs scores vertex pairs with a link model's decoder; {where} is "
+                         "a node classifier (train one with gnnpar-train --task link)")
+    if args.per_rank:
+        raise InputError("--pairs reads the endpoints' rows from the shared embeddings.npy; "
+                         "drop --per-rank")
+    read_pairs(args.pairs)
 
 
 def run(args) -> int:

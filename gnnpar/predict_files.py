@@ -9,15 +9,18 @@ The contract (README, "Use a trained model"):
 - ``embeddings.npy`` (``--embeddings``): (N, W) float32, or under ``--precision bf16`` the
   bfloat16 bits as uint16 (``torch.from_numpy(a).view(torch.bfloat16)``; ``predict.json``
   says which);
+- a link model's run (``--task link``): ``embeddings.npy`` is its output rows (no
+  ``predictions.npy``, no ``accuracy``), and with ``--pairs`` ``scores.npy``: (K,) float32,
+  the decoder's logit of each pair, in the pairs file's order (:mod:`gnnpar.link.scoring`);
 - with ``--per-rank`` instead: ``predictions.rankR.npy``, ``embeddings.rankR.npy`` and
   ``ids.rankR.npy`` (int64 dataset ids of those rows, ascending), R five digits;
 - ``predict.json``, written last (its presence means every file is whole): ``format``
   (``gnnpar-predictions``), ``format_version``, ``model``, ``model_file``, ``dataset``,
-  ``algo``, ``world_size``, ``inference`` (``full-batch`` or ``layer-wise`` with
-  ``batch_size``), ``precision``, ``rows``, ``order`` (``dataset``), ``files`` (name →
-  ``file`` or ``files``, ``shape``, ``dtype``; embeddings also ``layer``), and where the
-  dataset has labels and masks ``accuracy`` (``train``/``val``/``test``: argmax against the
-  labels on each mask, over all ranks).
+  ``algo``, ``world_size``, ``task``, ``pairs``, ``inference`` (``full-batch`` or
+  ``layer-wise`` with ``batch_size``), ``precision``, ``rows``, ``order`` (``dataset``),
+  ``files`` (name → ``file`` or ``files``, ``shape``, ``dtype``; embeddings also
+  ``layer``), and where the dataset has labels and masks ``accuracy``
+  (``train``/``val``/``test``: argmax against the labels on each mask, over all ranks).
 
 The folder is gnnpar's ``predictions`` folder (:mod:`gnnpar.datasets.owned`): a new or empty
 folder is claimed, one of its own is reused (its old files removed first, ``predict.json``
@@ -48,7 +51,7 @@ META = "predict.json"
 #: bytes of a shared file written per block (:func:`_scatter`)
 BLOCK_BYTES = 64 << 20
 #: every name gnnpar writes into a predictions folder (removed before a new write)
-OWN_FILE = re.compile(r"(predictions|embeddings|ids)(\.rank\d{5})?\.npy(\.partial)?$")
+OWN_FILE = re.compile(r"(predictions|embeddings|ids|scores)(\.rank\d{5})?\.npy(\.partial)?$")
 
 #: ``agree(failed)`` -> whether any rank failed (an all-reduce of one flag; one process:
 #: its own flag)
@@ -104,10 +107,13 @@ def _fail_all(agree: Agree, error: Optional[BaseException], what: str,
 
 def write_outputs(out: str, rank: int, world: int, n: int, ids: np.ndarray,
                   arrays: Dict[str, torch.Tensor], meta: dict, agree: Agree,
-                  per_rank: bool = False, flag: str = "--out") -> dict:
+                  per_rank: bool = False, flag: str = "--out",
+                  then: Optional[Callable[[], Dict[str, dict]]] = None) -> dict:
     """Write this rank's rows of ``arrays`` (name → (n_rows, width) tensor; rows are the
     dataset's vertices ``ids``) into ``out``; collective (every rank calls it; ``agree``
-    shares failures). ``n``: the dataset's vertex count. Returns ``predict.json``'s content
+    shares failures). ``n``: the dataset's vertex count. ``then`` (collective too) runs once
+    the arrays have their names and before ``predict.json``: more files made from them
+    (name → their ``files`` entry; :func:`write_column`). Returns ``predict.json``'s content
     (``meta`` plus the files)."""
     ids = np.asarray(ids, np.int64)
     order = np.argsort(ids, kind="stable")
@@ -154,18 +160,70 @@ def write_outputs(out: str, rank: int, world: int, n: int, ids: np.ndarray,
     _fail_all(agree, error, f"write its rows into {flag} {out}", debris)
     content = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta, "rows": int(n),
                "order": "dataset", "per_rank": bool(per_rank), "files": files}
-    if rank == 0:
+    if rank == 0 and not per_rank:
         try:
-            if not per_rank:
-                for name in arrays:
-                    final = os.path.join(out, f"{name}.npy")
-                    _sync(final + ".partial")
-                    os.replace(final + ".partial", final)
-            _write_json(os.path.join(out, META), content)
+            for name in arrays:
+                _finish(os.path.join(out, f"{name}.npy"))
         except OSError as e:
             error = e
     _fail_all(agree, error, f"finish {flag} {out}", debris)
+    if then is not None:
+        files.update(then())
+    if rank == 0:
+        try:
+            _write_json(os.path.join(out, META), content)
+        except OSError as e:
+            error = e
+    _fail_all(agree, error, f"finish {flag} {out}")
     return content
+
+
+def write_column(out: str, name: str, k: int, rank: int, world: int,
+                 fill: Callable[[int, int], np.ndarray], agree: Agree,
+                 flag: str = "--out") -> dict:
+    """``NAME.npy``: a (k,) float32 array each rank fills a contiguous share of (rank r rows
+    ``k·r/world`` to ``k·(r+1)/world``, ``fill(a, b)`` giving rows ``a:b``, asked for in blocks
+    of :data:`BLOCK_BYTES`), written as ``NAME.npy.partial`` and renamed once every rank has
+    written and synced its share; collective. Returns its ``files`` entry."""
+    path = os.path.join(out, f"{name}.npy.partial")
+    error = None
+
+    def debris() -> None:
+        if rank == 0 and os.path.exists(path):
+            os.remove(path)
+    if rank == 0:
+        try:
+            _create(path, (k,), np.float32)
+        except OSError as e:
+            error = e
+    _fail_all(agree, error, f"prepare {flag} {out}", debris)
+    lo, hi = k * rank // world, k * (rank + 1) // world
+    try:
+        if hi > lo:
+            mm = np.load(path, mmap_mode="r+")
+            step = BLOCK_BYTES // mm.itemsize
+            for a in range(lo, hi, step):
+                b = min(hi, a + step)
+                mm[a:b] = fill(a, b)
+                mm.flush()
+                release(mm)
+            del mm
+    except OSError as e:
+        error = e
+    _fail_all(agree, error, f"write its share of {name} into {flag} {out}", debris)
+    if rank == 0:
+        try:
+            _finish(os.path.join(out, f"{name}.npy"))
+        except OSError as e:
+            error = e
+    _fail_all(agree, error, f"finish {flag} {out}", debris)
+    return {name: {"file": f"{name}.npy", "shape": [int(k)], "dtype": "float32"}}
+
+
+def _finish(final: str) -> None:
+    """``final.partial`` synced and renamed ``final``."""
+    _sync(final + ".partial")
+    os.replace(final + ".partial", final)
 
 
 def _create(path: str, shape, dtype) -> None:

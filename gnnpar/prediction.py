@@ -9,6 +9,7 @@ rows it trained on (no second load).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -30,7 +31,8 @@ from .distributed import rows_tensor
 from .inference import embeddings_layer, forward_rows, layerwise
 from .interfaces import SPLITS, Reducer
 from .memory import gather_ints, local_peak_bytes
-from .predict_files import write_outputs
+from .link.scoring import check_pair_ids, read_pairs, score_rows
+from .predict_files import write_column, write_outputs
 from .rows import fullbatch_runtime, rank_device
 from .saved_model import model_from_payload, read_model_file
 from .shard_source import dataset_ids, load_graph, load_rank_shard, vertex_order
@@ -53,6 +55,7 @@ class PredictJob:
     batch_size: Optional[int] = None
     flag: str = "--out"
     prog: str = "gnnpar-predict"
+    pairs: Optional[str] = None
 
 
 class LayerwiseRows(RuntimeCollectives):
@@ -80,7 +83,13 @@ class LayerwiseRows(RuntimeCollectives):
 
 
 def check_widths(payload: dict, f_in: int, classes: int, where: str, source: str) -> None:
-    """Refuse a model whose input width or class count is not the data's (both numbers)."""
+    """Refuse a model whose input width or class count is not the data's (both numbers; a
+    link model's output is its embedding, whatever the data's classes)."""
+    if payload.get("task") == "link":
+        if int(payload["f_in"]) != f_in:
+            raise InputError(f"{source} takes {payload['f_in']} input features; {where}: "
+                             f"{f_in} features")
+        return
     if int(payload["f_in"]) != f_in or int(payload["f_out"]) != classes:
         raise InputError(f"{source} takes {payload['f_in']} input features and gives "
                          f"{payload['f_out']} classes; {where}: {f_in} features, "
@@ -99,10 +108,12 @@ def predict_rank(job: PredictJob, spec, rank: int = 0, world: int = 1, source=No
     data = load_graph(spec) if source is None else load_rank_shard(rank, world, spec, source)
     if isinstance(data, Graph):
         check_widths(payload, data.num_features, data.num_classes, "the dataset", where)
-        if lead:
-            print(data.summary(), file=sys.stderr)
     else:
         check_widths(payload, int(data.x.shape[1]), int(data.num_classes), "the shards", where)
+    if job.pairs:  # every rank reads the same file: all refuse it alike, before inference
+        check_pair_ids(read_pairs(job.pairs), data_rows(data), job.pairs)
+    if lead and isinstance(data, Graph):
+        print(data.summary(), file=sys.stderr)
     if job.batch_size:
         rows = LayerwiseRows(data, model.norm, device, world)
     else:
@@ -132,6 +143,7 @@ def predict_rows(model, rows, data, spec, job: PredictJob, rank: int, world: int
     """Run ``model`` over ``rows`` (a full-batch runtime, or :class:`LayerwiseRows` when
     ``job.batch_size``) and write the outputs; collective. ``data``: the graph or shard the
     rows came from (for the dataset's vertex order)."""
+    link = getattr(model, "decoder", None) is not None
     layer = embeddings_layer(model, job.embeddings_layer) if job.embeddings else None
     lead = rank == 0 and not spec.quiet
     if lead:
@@ -144,10 +156,9 @@ def predict_rows(model, rows, data, spec, job: PredictJob, rank: int, world: int
                                 layer, rows.gather)
     else:
         logits, emb = forward_rows(model, rows, spec.precision, layer)
-    counts = rows.all_reduce_sum(accuracy_counts(logits, rows.y, rows.masks))
-    accuracy = {s: float(counts[2 * i] / counts[2 * i + 1])
-                for i, s in enumerate(SPLITS) if counts[2 * i + 1] > 0}
-    arrays = {"predictions": logits}
+    accuracy = {} if link else _accuracy(logits, rows)
+    # a link model's output rows are its node embeddings (what its decoder scores)
+    arrays = {"embeddings": logits} if link else {"predictions": logits}
     if emb is not None:
         arrays["embeddings"] = emb
     ids = dataset_ids(data, rows.global_ids)
@@ -156,15 +167,34 @@ def predict_rows(model, rows, data, spec, job: PredictJob, rank: int, world: int
             "world_size": world,
             "inference": "layer-wise" if job.batch_size else "full-batch",
             "batch_size": job.batch_size, "precision": spec.precision,
+            "task": "link" if link else "node", "pairs": job.pairs,
             "embeddings_layer": layer, "accuracy": accuracy,
             # each rank's peak (resident set, or CUDA allocator) when inference was done
             "peak_mem_bytes_ranks": [row[0] for row in peaks]}
+    then = None
+    if job.pairs:
+        then = functools.partial(_scores, model.decoder, job, rank, world)
     content = write_outputs(job.out, rank, world, data_rows(data), ids, arrays, info,
-                            _agree, job.per_rank, job.flag)
+                            _agree, job.per_rank, job.flag, then)
     if lead:
         print(f"{job.prog}: wrote {', '.join(arrays)} of {data_rows(data):,} vertices to "
               f"{job.out}", file=sys.stderr, flush=True)
     return content
+
+
+def _accuracy(logits, rows) -> dict:
+    """Accuracy of the argmax on each mask, over every rank (collective)."""
+    counts = rows.all_reduce_sum(accuracy_counts(logits, rows.y, rows.masks))
+    return {s: float(counts[2 * i] / counts[2 * i + 1])
+            for i, s in enumerate(SPLITS) if counts[2 * i + 1] > 0}
+
+
+def _scores(decoder, job: PredictJob, rank: int, world: int) -> dict:
+    """``scores.npy`` of ``--pairs`` from the written ``embeddings.npy`` (collective)."""
+    pairs = read_pairs(job.pairs)
+    emb = os.path.join(job.out, "embeddings.npy")
+    return write_column(job.out, "scores", int(pairs.shape[1]), rank, world,
+                        lambda a, b: score_rows(decoder, emb, pairs, a, b), _agree, job.flag)
 
 
 def data_rows(data) -> int:

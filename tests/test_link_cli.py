@@ -71,7 +71,7 @@ def test_bad_link_input_exits_2_with_one_line(tmp_path, argv, says):
 def test_saved_link_model_loads_with_its_decoder(tmp_path):
     """``--save-model`` of a link run keeps encoder and decoder; the loaded pair scores as
     the run's final weights do (its test AUC recomputed from the saved model equals the
-    log's), and gnnpar-predict refuses it with one line."""
+    log's), and gnnpar-predict writes its embeddings and the scores of given pairs."""
     import numpy as np
     import torch
 
@@ -92,10 +92,60 @@ def test_saved_link_model_loads_with_its_decoder(tmp_path):
                                         z[torch.as_tensor(p[1])]).numpy()
         got = auc(score(split.test_pos), score(split.test_neg))
     assert got == pytest.approx(records(tmp_path / "log.jsonl")[-1]["test_auc"], abs=1e-6)
-    res = run_installed("gnnpar-predict", "--model-file", "link.pt", "--dataset", DATA,
-                        "--out", "p", cwd=tmp_path)
-    assert "link-prediction encoder" in one_line(res)
     assert np.isfinite(got)
+    # gnnpar-predict writes the embeddings of the graph it is given (here the whole dataset,
+    # every edge in it) and the scores of given pairs, serially and on 2 ranks (the pairs:
+    # the test positives, then their negatives)
+    pairs = np.concatenate([split.test_pos, split.test_neg], axis=1).astype(np.int64)
+    np.save(tmp_path / "pairs.npy", pairs)
+    z = gnnpar.predict(model, DATA)
+    with torch.no_grad():
+        want = score(pairs)
+    for out, extra in (("p1", []), ("p2", ["--algo", "1d-halo", "--nprocs", "2"])):
+        res = run_installed("gnnpar-predict", "--model-file", "link.pt", "--dataset", DATA,
+                            "--out", out, "--pairs", "pairs.npy", "--quiet", *extra,
+                            cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        meta = json.load(open(tmp_path / out / "predict.json"))
+        assert meta["task"] == "link" and set(meta["files"]) == {"embeddings", "scores"}
+        assert meta["files"]["scores"]["shape"] == [pairs.shape[1]]
+        emb = np.load(tmp_path / out / "embeddings.npy")
+        assert np.abs(emb - z.numpy()).max() < 1e-5, out
+        scores = np.load(tmp_path / out / "scores.npy")
+        assert scores.dtype == np.float32 and scores.shape == (pairs.shape[1],)
+        assert np.abs(scores - want).max() < 1e-5, out
+        assert not os.path.exists(tmp_path / out / "predictions.npy")
+
+
+def test_bad_pairs_exit_2_with_one_line(tmp_path):
+    """``--pairs`` of the wrong shape, dtype or ids, with a node classifier, with
+    ``--per-rank``; ``--embeddings`` with a link model: one line, exit 2, no output."""
+    import numpy as np
+    train(tmp_path, *LINK, "--epochs", "1", "--save-model", "link.pt")
+    train(tmp_path, "--dataset", DATA, "--hidden", "8", "--epochs", "1", "--quiet",
+          "--save-model", "node.pt")
+    np.save(tmp_path / "ok.npy", np.zeros((2, 3), np.int64))
+    np.save(tmp_path / "far.npy", np.array([[0, 1], [2, 160]]))
+    np.save(tmp_path / "neg.npy", np.array([[0, -1], [2, 3]], np.int32))
+    np.save(tmp_path / "three.npy", np.zeros((3, 4), np.int64))
+    np.save(tmp_path / "float.npy", np.zeros((2, 4)))
+    (tmp_path / "text.npy").write_text("0 1\n2 3\n")
+    cases = [
+        ("link.pt", ["--pairs", "far.npy"], "pair 1 (1, 160) names a vertex outside 0..159"),
+        ("link.pt", ["--pairs", "neg.npy"], "pair 1 (-1, 3) names a vertex outside"),
+        ("link.pt", ["--pairs", "three.npy"], "shape (3, 4); give a (2, K) array"),
+        ("link.pt", ["--pairs", "float.npy"], "dtype float64; vertex ids must be integers"),
+        ("link.pt", ["--pairs", "text.npy"], "not a .npy array"),
+        ("link.pt", ["--pairs", "missing.npy"], "no such file"),
+        ("link.pt", ["--pairs", "ok.npy", "--per-rank"], "drop --per-rank"),
+        ("link.pt", ["--embeddings"], "its output rows are the node embeddings"),
+        ("node.pt", ["--pairs", "ok.npy"], "is a node classifier"),
+    ]
+    for model, argv, says in cases:
+        res = run_installed("gnnpar-predict", "--model-file", model, "--dataset", DATA,
+                            "--out", "o", *argv, cwd=tmp_path)
+        assert says in one_line(res), (argv, res.stderr)
+    assert not (tmp_path / "o").exists()
 
 
 DECODER = """

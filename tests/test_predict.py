@@ -129,3 +129,20 @@ def test_rows_written_block_by_block_land_in_their_rows(tmp_path, monkeypatch, d
     want = np.zeros((23, 5), dtype)
     want[ids] = rows[order]
     assert np.array_equal(got, want)
+
+
+def test_a_column_written_in_blocks_has_every_row(tmp_path, monkeypatch):
+    """``write_column`` asks ``fill`` for blocks of ``BLOCK_BYTES`` (the last one partial)
+    and renames the file once written."""
+    monkeypatch.setattr(predict_files, "BLOCK_BYTES", 3 * 4)
+    asked = []
+
+    def fill(a, b):
+        asked.append((a, b))
+        return np.arange(a, b, dtype=np.float32) * 2
+
+    entry = predict_files.write_column(str(tmp_path), "scores", 10, 0, 1, fill, lambda f: f)
+    assert entry == {"scores": {"file": "scores.npy", "shape": [10], "dtype": "float32"}}
+    assert asked == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert np.array_equal(np.load(tmp_path / "scores.npy"), np.arange(10) * 2.0)
+    assert not (tmp_path / "scores.npy.partial").exists()
