@@ -15,6 +15,8 @@ import torch
 
 import gnnpar
 from gnnpar import predict_files
+from gnnpar.link import scoring
+from gnnpar.link.decoders import DotDecoder
 from gnnpar.datasets import InputError
 from gnnpar.inference import embeddings_layer, forward_rows, layerwise
 from gnnpar.serial import SerialRuntime
@@ -146,3 +148,23 @@ def test_a_column_written_in_blocks_has_every_row(tmp_path, monkeypatch):
     assert asked == [(0, 3), (3, 6), (6, 9), (9, 10)]
     assert np.array_equal(np.load(tmp_path / "scores.npy"), np.arange(10) * 2.0)
     assert not (tmp_path / "scores.npy.partial").exists()
+
+
+def test_pairs_scored_in_blocks_as_at_once(tmp_path, monkeypatch):
+    """``score_rows`` in blocks of one and of three pairs gives the decoder's logits of all
+    the pairs at once, with a bf16 embeddings file widened as float32 would be."""
+    dot = DotDecoder()
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((9, 4)).astype(np.float32)
+    pairs = rng.integers(0, 9, (2, 7))
+    want = (z[pairs[0]] * z[pairs[1]]).sum(axis=1)
+    np.save(tmp_path / "e.npy", z)
+    bf = torch.from_numpy(z).bfloat16()
+    np.save(tmp_path / "b.npy", bf.view(torch.int16).numpy().view(np.uint16))
+    want_bf = (bf.float()[pairs[0]] * bf.float()[pairs[1]]).sum(1).numpy()
+    for rows in (16, 48, 1 << 20):  # bytes: one pair's row, three, all
+        monkeypatch.setattr(scoring, "ROWS_BYTES", rows)
+        got = scoring.score_rows(dot, str(tmp_path / "e.npy"), pairs, 2, 7)
+        assert np.allclose(got, want[2:7], rtol=1e-6, atol=1e-6)
+        got = scoring.score_rows(dot, str(tmp_path / "b.npy"), pairs, 0, 7)
+        assert np.allclose(got, want_bf, rtol=1e-6, atol=1e-6)

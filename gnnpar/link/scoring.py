@@ -13,9 +13,12 @@ import numpy as np
 import torch
 
 from gnnpar.datasets import InputError
+from gnnpar.partitioners.node_stream import release
 
 #: pairs whose ids are checked at a time
 CHECK_BLOCK = 1 << 20
+#: bytes of one endpoint's embedding rows gathered per block of pairs scored
+ROWS_BYTES = 32 << 20
 
 
 def read_pairs(path: str) -> np.ndarray:
@@ -56,10 +59,18 @@ def _rows(emb: np.ndarray, ids: np.ndarray) -> torch.Tensor:
 
 
 def score_rows(decoder, emb_path: str, pairs: np.ndarray, a: int, b: int) -> np.ndarray:
-    """The decoder's logits of pairs ``a:b``, from the embeddings file ``emb_path``."""
+    """The decoder's logits of pairs ``a:b``, from the embeddings file ``emb_path``: in
+    blocks whose endpoint rows take about :data:`ROWS_BYTES`, each block's pages of the file
+    handed back once scored (random pairs touch every page of it)."""
     emb = np.load(emb_path, mmap_mode="r")
-    block = np.asarray(pairs[:, a:b], np.int64)
+    step = max(1, ROWS_BYTES // max(1, emb.shape[1] * emb.itemsize))
     device = next((p.device for p in decoder.parameters()), torch.device("cpu"))
+    out = np.empty(b - a, np.float32)
     with torch.inference_mode():
-        z = decoder(_rows(emb, block[0]).to(device), _rows(emb, block[1]).to(device))
-    return z.float().reshape(-1).cpu().numpy()
+        for c in range(a, b, step):
+            d = min(b, c + step)
+            block = np.asarray(pairs[:, c:d], np.int64)
+            z = decoder(_rows(emb, block[0]).to(device), _rows(emb, block[1]).to(device))
+            out[c - a:d - a] = z.float().reshape(-1).cpu().numpy()
+            release(emb)
+    return out
