@@ -27,6 +27,7 @@ from .predict_files import check_out
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
 from .resume import check_checkpoint_args
+from .trainer import LINK_WEIGHT_DECAY, NODE_WEIGHT_DECAY
 from .sampling.options import add_minibatch_args, check_mode_args
 
 #: longest ``--timeout`` (seconds), a week: longer than any wait of a healthy run (a partition
@@ -37,6 +38,8 @@ MAX_TIMEOUT_S = 7 * 24 * 3600
 
 #: flags only ``--algo auto`` reads (the cost model's); it chooses the layout flags itself
 AUTO_FLAGS = ("mem_cap", "bandwidth", "latency", "calibration")
+
+
 
 
 def algo_choices() -> tuple:
@@ -146,7 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("training")
     t.add_argument("--epochs", type=int, default=100, help="full-batch epochs")
     t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
-    t.add_argument("--weight-decay", type=float, default=5e-4, help="Adam weight decay")
+    t.add_argument("--weight-decay", type=float, default=None,
+                   help=f"Adam weight decay (default: {NODE_WEIGHT_DECAY} with --task node, as "
+                        f"the GCN paper's; {LINK_WEIGHT_DECAY} with --task link, whose dot and "
+                        "MLP decoders it starves of embedding scale)")
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto = cuda when available")
@@ -212,7 +218,8 @@ def check_args(args) -> None:
         raise InputError(f"--dropout must be in [0, 1), got {args.dropout}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise InputError(f"--lr must be a finite number > 0, got {args.lr}")
-    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+    if args.weight_decay is not None and not (math.isfinite(args.weight_decay)
+                                              and args.weight_decay >= 0):
         raise InputError(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")

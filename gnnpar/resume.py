@@ -51,6 +51,7 @@ from .attention import GAT_HEADS
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
                          agree_on_failure, agree_on_step, capture_rng, file_name, list_steps,
                          load_step, rank_dir, read_verified, restore_rng, save_checkpoint)
+from .trainer import default_weight_decay
 from .watchdog import on_sigterm
 
 KIND, WHAT = "checkpoints", "--checkpoint-dir"
@@ -316,15 +317,17 @@ def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
     """The run identity: what a checkpoint folder and each checkpoint must match to be
     resumed by this run (JSON values)."""
     mode = getattr(spec, "mode", "fullbatch") or "fullbatch"
+    task = getattr(spec, "task", "node")  # spec: a RunSpec, or the parsed flags (resume checks)
     meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": spec.algo,
             "mode": mode, "model": spec.model, "layers": int(spec.layers),
             "hidden": int(spec.hidden), "dropout": float(spec.dropout),
             "fingerprint": fingerprint, "seed": int(spec.seed), "lr": float(spec.lr),
-            "weight_decay": float(spec.weight_decay),
+            "weight_decay": float(default_weight_decay(task) if spec.weight_decay is None
+                                  else spec.weight_decay),
             "variant": getattr(spec, "variant", None),
             "replication": getattr(spec, "replication", None)}
     meta.update(attention_settings(spec))
-    if getattr(spec, "task", "node") == "link":  # node runs add nothing: old checkpoints fit
+    if task == "link":  # node runs add nothing: old checkpoints fit
         meta.update({"task": "link", "link_split": spec.link_split,
                      "neg_ratio": int(spec.neg_ratio), "decoder": spec.decoder})
     if mode == "minibatch":

@@ -30,6 +30,7 @@ from .options import check_args
 from .resume import attention_settings
 from .sampling.neighbor import parse_fanouts
 from .sampling.options import pipeline_depth
+from .trainer import default_weight_decay
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class RunSpec:
     # training
     epochs: int = 100
     lr: float = 0.01
-    weight_decay: float = 5e-4
+    weight_decay: Optional[float] = None  #: None: the task's (default_weight_decay)
     seed: int = 0
     device: str = "cpu"  #: resolved: "cpu", "cuda" or "cuda:N", never "auto"
     threads: Optional[int] = None
@@ -107,6 +108,10 @@ class RunSpec:
     checkpoint_every: int = 1
     checkpoint_keep: int = 3
     resume: bool = False
+
+    def __post_init__(self):
+        if self.weight_decay is None:  # resolved once, so checkpoints record the value used
+            object.__setattr__(self, "weight_decay", default_weight_decay(self.task))
 
     @classmethod
     def from_args(cls, args) -> "RunSpec":

@@ -29,6 +29,19 @@ from .memory import RankMemory, peak_memory_bytes
 from .precision import autocast, check, matmuls
 
 
+#: ``--weight-decay``'s default per ``--task`` (:func:`default_weight_decay`)
+NODE_WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
+
+
+def default_weight_decay(task: str) -> float:
+    """``--weight-decay`` left out: 5e-4 for node classification (the GCN paper's), 0 for link
+    prediction. Decay pulls the encoder's embeddings toward zero, and a pair's score is a
+    product of two of them: with it the dot decoder learns slowly and the MLP decoder not at
+    all (its scores collapse to one value; the figures are in ``docs/performance.md``, "Link
+    prediction")."""
+    return LINK_WEIGHT_DECAY if task == "link" else NODE_WEIGHT_DECAY
+
+
 @dataclass
 class TrainConfig:
     """Optimisation settings.
@@ -43,7 +56,7 @@ class TrainConfig:
 
     epochs: int = 100
     lr: float = 0.01
-    weight_decay: float = 5e-4
+    weight_decay: float = NODE_WEIGHT_DECAY
     eval_every: int = 1
     precision: str = "fp32"
 

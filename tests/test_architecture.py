@@ -21,8 +21,12 @@ def test_run_spec_defaults_are_the_parsers():
     parsed = vars(build_parser().parse_args([]))
     spec = RunSpec()
     for f in dataclasses.fields(RunSpec):
-        if f.name in parsed and f.name != "device":  # the device is resolved, never "auto"
+        # the device is resolved, never "auto"; the weight decay by task (below)
+        if f.name in parsed and f.name not in ("device", "weight_decay"):
             assert getattr(spec, f.name) == parsed[f.name], f.name
+    assert parsed["weight_decay"] is None
+    assert spec.weight_decay == 5e-4 and RunSpec(task="link").weight_decay == 0.0
+    assert RunSpec(task="link", weight_decay=1e-3).weight_decay == 1e-3
     assert set(parsed) <= {f.name for f in dataclasses.fields(RunSpec)}  # every flag has a field
 
 
