@@ -9,7 +9,8 @@ with PyG: test AUC on a real graph, and the time of one training step.
 ``accuracy``: for each seed, ``gnnpar-train --task link`` (the installed console script;
 serial, 2-rank ``1d-halo`` and 2-rank ``2d``) and PyG: a 2-layer ``GCNConv`` encoder (input
 dropout, ReLU and dropout between the layers, as gnnpar's GCN), the dot decoder, the mean
-binary cross-entropy, Adam with gnnpar's learning rate and weight decay, the same epochs —
+binary cross-entropy, Adam with a link run's default learning rate and weight decay (0), the
+same epochs —
 trained on **the same split** (the training graph and held-out pairs
 :func:`gnnpar.shard_source.load_graph` makes for that seed, which the gnnpar run makes too)
 with **the same negatives** (:func:`gnnpar.link.negatives.negatives` of each epoch), and
@@ -51,7 +52,7 @@ from gnnpar.models import build_model  # noqa: E402
 from gnnpar.rows import fullbatch_runtime  # noqa: E402
 from gnnpar.shard_source import load_graph  # noqa: E402
 from gnnpar.spec import RunSpec  # noqa: E402
-from gnnpar.trainer import TrainConfig, make_optimizer  # noqa: E402
+from gnnpar.trainer import TrainConfig, default_weight_decay, make_optimizer  # noqa: E402
 
 
 def commit() -> str:
@@ -113,7 +114,7 @@ def pyg_accuracy(dataset: str, seed: int, epochs: int, hidden: int, dropout: flo
                  ratio: int) -> float:
     g, split = graph_and_split(dataset, seed)
     torch.manual_seed(seed)
-    cfg = TrainConfig()
+    cfg = TrainConfig(weight_decay=default_weight_decay("link"))  # gnnpar-train's link defaults
     model = PygEncoder(g.num_features, hidden, dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     x, edges = torch.as_tensor(np.asarray(g.x)), edge_index(g)
@@ -173,7 +174,7 @@ def speed(args) -> dict:
     torch.set_num_threads(args.threads)
     g, split = graph_and_split(args.dataset, args.seed)
     n = g.num_nodes
-    cfg = TrainConfig()
+    cfg = TrainConfig(weight_decay=default_weight_decay("link"))
     spec = RunSpec(task="link", dataset=args.dataset, seed=args.seed, reorder="none")
     torch.manual_seed(args.seed)
     encoder = build_model("gcn", g.num_features, args.hidden, args.hidden, 2, args.dropout)
