@@ -130,7 +130,8 @@ def pyg_accuracy(dataset: str, seed: int, epochs: int, hidden: int, dropout: flo
 def gnnpar_accuracy(dataset: str, seed: int, epochs: int, hidden: int, dropout: float,
                     ratio: int, extra, folder: str) -> float:
     log = os.path.join(folder, f"log-{seed}-{len(extra)}-{'-'.join(extra)}.jsonl")
-    cmd = ["gnnpar-train", "--task", "link", "--dataset", dataset, "--seed", str(seed),
+    beside = os.path.join(os.path.dirname(sys.executable), "gnnpar-train")  # this venv's
+    cmd = [beside if os.path.exists(beside) else "gnnpar-train", "--task", "link", "--dataset", dataset, "--seed", str(seed),
            "--epochs", str(epochs), "--hidden", str(hidden), "--dropout", str(dropout),
            "--neg-ratio", str(ratio), "--log-json", log,
            "--quiet", *extra]
