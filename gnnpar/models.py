@@ -63,6 +63,10 @@ class GCNLayer(nn.Module):
     def __init__(self, f_in: int, f_out: int, bias: bool = True):
         super().__init__()
         self.lin = nn.Linear(f_in, f_out, bias=False)
+        # Glorot, as the GCN paper (and PyG's GCNConv): torch's Linear default draws a third
+        # as wide on wide inputs, which slowed link training (docs/performance.md, "Link
+        # prediction")
+        nn.init.xavier_uniform_(self.lin.weight)
         self.bias = nn.Parameter(torch.zeros(f_out)) if bias else None
 
     def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
