@@ -151,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
     t.add_argument("--weight-decay", type=float, default=None,
                    help=f"Adam weight decay (default: {NODE_WEIGHT_DECAY} with --task node, as "
-                        f"the GCN paper's; {LINK_WEIGHT_DECAY} with --task link, whose dot and "
-                        "MLP decoders it starves of embedding scale)")
+                        f"the GCN paper's; {LINK_WEIGHT_DECAY} with --task link: decay shrinks "
+                        "the embeddings whose products are the scores)")
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto = cuda when available")

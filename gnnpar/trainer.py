@@ -36,9 +36,8 @@ NODE_WEIGHT_DECAY, LINK_WEIGHT_DECAY = 5e-4, 0.0
 def default_weight_decay(task: str) -> float:
     """``--weight-decay`` left out: 5e-4 for node classification (the GCN paper's), 0 for link
     prediction. Decay pulls the encoder's embeddings toward zero, and a pair's score is a
-    product of two of them: with it the dot decoder learns slowly and the MLP decoder not at
-    all (its scores collapse to one value; the figures are in ``docs/performance.md``, "Link
-    prediction")."""
+    product of two of them: with it both decoders learn far more slowly (the figures are in
+    ``docs/performance.md``, "Link prediction")."""
     return LINK_WEIGHT_DECAY if task == "link" else NODE_WEIGHT_DECAY
 
 
