@@ -43,6 +43,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from bench_common import commit, load  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
 from gnnpar.link.decoders import DotDecoder, summed_link_loss  # noqa: E402
 from gnnpar.link.loop import LocalPairs, link_modules, link_step  # noqa: E402
@@ -55,16 +56,6 @@ from gnnpar.spec import RunSpec  # noqa: E402
 from gnnpar.trainer import TrainConfig, default_weight_decay, make_optimizer  # noqa: E402
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def load() -> float:
-    return os.getloadavg()[0]
 
 
 class PygEncoder(torch.nn.Module):
@@ -131,7 +122,8 @@ def gnnpar_accuracy(dataset: str, seed: int, epochs: int, hidden: int, dropout: 
                     ratio: int, extra, folder: str) -> float:
     log = os.path.join(folder, f"log-{seed}-{len(extra)}-{'-'.join(extra)}.jsonl")
     beside = os.path.join(os.path.dirname(sys.executable), "gnnpar-train")  # this venv's
-    cmd = [beside if os.path.exists(beside) else "gnnpar-train", "--task", "link", "--dataset", dataset, "--seed", str(seed),
+    cmd = [beside if os.path.exists(beside) else "gnnpar-train", "--task", "link",
+           "--dataset", dataset, "--seed", str(seed),
            "--epochs", str(epochs), "--hidden", str(hidden), "--dropout", str(dropout),
            "--neg-ratio", str(ratio), "--log-json", log,
            "--quiet", *extra]

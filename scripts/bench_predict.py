@@ -47,7 +47,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -56,6 +55,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from bench_common import commit  # noqa: E402
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
 from gnnpar.datasets.reorder import reorder  # noqa: E402
@@ -66,13 +66,6 @@ from gnnpar.product_order import aggregate_first_op  # noqa: E402
 from gnnpar.serial import SerialRuntime  # noqa: E402
 from gnnpar.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
 
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def pyg_variants(model: GNN, indptr, indices, values, n):
