@@ -1,6 +1,8 @@
 """Run a function on N local ranks (``--nprocs N`` and the multi-rank tests).
 
-Each child initialises a ``torch.distributed`` process group (gloo by default) through a
+Ranks are forked from a fork server that has imported torch and gnnpar once
+(:mod:`gnnpar.rank_start`: why, and how each rank still gets the caller's environment and
+folder). Each child initialises a ``torch.distributed`` process group (gloo by default) through a
 file store in a private temporary folder, so no port can collide. A child's exception comes
 back to the parent with its traceback; if one child fails, dies or stops (its heartbeat
 thread falls silent for ``timeout_s``), the others are killed and the parent raises
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
@@ -35,6 +36,8 @@ from gnnpar.datasets import InputError
 from gnnpar.kernels.comm import import_dynamo_first, init_process_group
 from gnnpar.kernels.cpu_spmm import size_pool
 
+from .rank_start import adopt, caller_state
+from .rank_start import context as rank_context
 from .scratch import make_scratch_dir, remove_stale_scratch_dirs
 from .watchdog import EXIT_PREEMPTED, die_with_parent, looks_like_comm_error
 
@@ -78,7 +81,9 @@ class SpawnError(RuntimeError):
 
 
 def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, results,
-           dynamo_first=False, beats=None, beat_s=1.0):
+           dynamo_first=False, beats=None, beat_s=1.0, caller=None):
+    if caller is not None:
+        adopt(caller)
     die_with_parent()  # a rank never outlives the process that spawned it
     _name_process(f"gnnpar-rank-{rank}")
     try:
@@ -157,7 +162,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     threads = threads or max(1, usable_cores() // nprocs)
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     beats = ctx.RawArray("Q", nprocs)  # one heartbeat counter per rank
     beat_s = _beat_interval(timeout_s)
@@ -172,7 +177,7 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
             for r in range(nprocs):
                 p = ctx.Process(target=_child, daemon=True,
                                 args=(fn, r, nprocs, store, backend, timeout_s, threads, args,
-                                      results, dynamo_first, beats, beat_s))
+                                      results, dynamo_first, beats, beat_s, caller_state()))
                 try:
                     p.start()
                 except OSError:

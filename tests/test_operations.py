@@ -126,10 +126,12 @@ def test_sigkill_of_one_rank_is_named_and_nothing_is_left(tmp_path):
     deadline = time.monotonic() + 120
     victim = None
     while victim is None and time.monotonic() < deadline:
-        victim = next((c for c in parent.children() if c.name() == "gnnpar-rank-2"), None)
+        ranks = parent.children(recursive=True)  # under the fork server (gnnpar/rank_start.py)
+        victim = next((c for c in ranks if c.name() == "gnnpar-rank-2"), None)
         time.sleep(0.1)
     assert victim is not None, "rank 2 never started"
-    others = [c for c in parent.children() if c.name().startswith("gnnpar-rank-") and c != victim]
+    others = [c for c in parent.children(recursive=True)
+              if c.name().startswith("gnnpar-rank-") and c != victim]
     time.sleep(3.0)  # mid-training
     victim.kill()
     t = time.monotonic()

@@ -154,7 +154,9 @@ def wait_for_training(p, log, limit=120):
 
 
 def rank_process(p, rank):
-    return next(c for c in psutil.Process(p.pid).children() if c.name() == f"gnnpar-rank-{rank}")
+    """Rank ``rank`` of the command ``p`` (a grandchild: ranks fork from gnnpar's fork server)."""
+    return next(c for c in psutil.Process(p.pid).children(recursive=True)
+                if c.name() == f"gnnpar-rank-{rank}")
 
 
 def reap(p):
@@ -206,7 +208,8 @@ def test_sigterm_while_ranks_start_exits_143(tmp_path):
                   "--checkpoint-dir", str(tmp_path / f"ck-{i}"))
         try:
             deadline = time.monotonic() + 120
-            while not psutil.Process(p.pid).children():
+            while not any(c.name().startswith("gnnpar-rank-")
+                          for c in psutil.Process(p.pid).children(recursive=True)):
                 assert p.poll() is None, p.communicate()[1]
                 assert time.monotonic() < deadline, "no rank started"
                 time.sleep(0.01)
