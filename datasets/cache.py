@@ -51,8 +51,8 @@ def _read_meta(folder: str) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise InputError(f"{folder} is not a gnnpar cache (meta.json has no format '{FORMAT}')")
     if meta.get("version") != VERSION:
-        raise InputError(f"cache {folder} has format version {meta.get('version')!r}; this gnnpar reads "
-                         f"version {VERSION}: delete the folder to rebuild it")
+        raise InputError(f"cache {folder} has format version {meta.get('version')!r}; "
+                         f"this gnnpar reads version {VERSION}: delete the folder to rebuild it")
     return meta
 
 
@@ -359,8 +359,9 @@ def load_cache(folder: str, mmap: bool = True, verify: bool = False) -> Graph:
             raise InputError(f"corrupt cache {folder}: cannot read {key}.npy ({exc})") from None
         want = specs[key]
         if arr.dtype.str != want.get("dtype") or list(arr.shape) != want.get("shape"):
-            raise InputError(f"corrupt cache {folder}: {key}.npy is {arr.dtype.str} {list(arr.shape)}, "
-                             f"meta.json says {want.get('dtype')} {want.get('shape')}")
+            raise InputError(f"corrupt cache {folder}: {key}.npy is {arr.dtype.str} "
+                             f"{list(arr.shape)}, meta.json says {want.get('dtype')} "
+                             f"{want.get('shape')}")
         loaded[key] = arr
     graph = Graph(num_classes=num_classes, name=name, meta=dict(meta.get("meta") or {}), **loaded)
     if verify and graph.fingerprint() != meta.get("fingerprint"):

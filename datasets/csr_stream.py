@@ -190,7 +190,8 @@ class EdgeSpill:
         with open(self.path, "rb") as f:
             for k in self._sizes:
                 if k:
-                    yield np.fromfile(f, dtype=np.uint32, count=k), np.fromfile(f, dtype=np.uint32, count=k)
+                    yield (np.fromfile(f, dtype=np.uint32, count=k),
+                           np.fromfile(f, dtype=np.uint32, count=k))
 
     def remove(self) -> None:
         """Drop what was kept (delete the scratch file)."""

@@ -34,7 +34,10 @@ def _bad_line(lines, dtype, ncols: int, first_line: int):
     for i, line in enumerate(lines):
         fields = line.split(b",")
         try:
-            ok = len(fields) == ncols and [parse(f) for f in fields] is not None
+            ok = len(fields) == ncols
+            if ok:
+                for f in fields:
+                    parse(f)
         except ValueError:
             ok = False
         if not ok:
@@ -66,7 +69,8 @@ def _csv_blocks(path: str, dtype, block: int, held: int, row_bytes: int,
                 data = data.replace(b"\r", b"").rstrip(b"\n")
                 if data:
                     if ncols is None:
-                        ncols = data[: data.find(b"\n") if b"\n" in data else len(data)].count(b",") + 1
+                        ncols = (data[: data.find(b"\n") if b"\n" in data else len(data)]
+                                 .count(b",") + 1)
                     nlines = data.count(b"\n") + 1
                     try:
                         vals = np.fromstring(data.replace(b"\n", b","), dtype=dtype, sep=",")
@@ -162,7 +166,8 @@ def npz_headers(path: str) -> Dict[str, Tuple[tuple, np.dtype, int]]:
         raise
     except _NPZ_ERRORS as exc:
         raise bad(f"the zip archive is damaged or truncated ({exc})"
-                  if isinstance(exc, (zipfile.BadZipFile, EOFError, zlib.error)) else str(exc)) from None
+                  if isinstance(exc, (zipfile.BadZipFile, EOFError, zlib.error))
+                  else str(exc)) from None
     return out
 
 

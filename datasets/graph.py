@@ -94,11 +94,14 @@ class Graph:
         indptr, indices = np.asarray(self.indptr), np.asarray(self.indices)
         if indptr.ndim != 1 or indptr.shape[0] < 1:
             raise InputError(f"indptr must be a 1-D array of length n+1, got shape {indptr.shape}")
-        if not np.issubdtype(indptr.dtype, np.integer) or not np.issubdtype(indices.dtype, np.integer):
-            raise InputError(f"indptr/indices must be integer arrays, got {indptr.dtype}/{indices.dtype}")
+        if (not np.issubdtype(indptr.dtype, np.integer)
+                or not np.issubdtype(indices.dtype, np.integer)):
+            raise InputError(f"indptr/indices must be integer arrays, "
+                             f"got {indptr.dtype}/{indices.dtype}")
         n, m = indptr.shape[0] - 1, indices.shape[0]
         if indptr[0] != 0 or indptr[-1] != m:
-            raise InputError(f"indptr must start at 0 and end at the edge count {m}, got {indptr[0]}..{indptr[-1]}")
+            raise InputError(f"indptr must start at 0 and end at the edge count {m}, "
+                             f"got {indptr[0]}..{indptr[-1]}")
         if n > 0 and np.any(np.diff(indptr) < 0):
             raise InputError("indptr must be non-decreasing")
         if m:
@@ -128,7 +131,8 @@ class Graph:
                 bad_rows += int(bad.sum())
                 first_bad = start + int(np.argmax(bad)) if first_bad is None else first_bad
         if bad_rows:
-            raise InputError(f"x contains NaN or inf in {bad_rows} row(s), first at node {first_bad}")
+            raise InputError(f"x contains NaN or inf in {bad_rows} row(s), "
+                             f"first at node {first_bad}")
         y = np.asarray(self.y)
         if y.shape != (n,):
             raise InputError(f"y must have shape ({n},), got {y.shape}")
@@ -163,7 +167,8 @@ class Graph:
         if num_nodes < 0:
             raise InputError(f"num_nodes must be >= 0, got {num_nodes}")
         if src.shape != dst.shape or src.ndim != 1:
-            raise InputError(f"src and dst must be 1-D arrays of equal length, got {src.shape} and {dst.shape}")
+            raise InputError(f"src and dst must be 1-D arrays of equal length, "
+                             f"got {src.shape} and {dst.shape}")
         for ends in (src, dst):
             # an out-of-range id would silently land in a neighbouring row of the key encoding
             if ends.size and (ends.min() < 0 or ends.max() >= num_nodes):
@@ -171,7 +176,8 @@ class Graph:
                 raise InputError(f"edge endpoint {bad} is out of range [0, {num_nodes})")
         key = dst * num_nodes + src
         if weight is None:
-            key = np.sort(key)  # no payload to carry: a plain sort is about twice as fast as argsort
+            # no payload to carry: a plain sort is about twice as fast as argsort
+            key = np.sort(key)
             w = None
         else:
             order = np.argsort(key, kind="stable")
@@ -198,7 +204,8 @@ class Graph:
         return replace(self, indptr=indptr, indices=indices, edge_weight=w)
 
     def symmetrize(self) -> "Graph":
-        """Add the reverse of every edge (duplicates merged; weights of a pair taken once each way)."""
+        """Add the reverse of every edge (duplicates merged; weights of a pair taken once each
+        way)."""
         src, dst = self.edges()
         w = self.edge_weight
         if w is None:
@@ -221,12 +228,14 @@ class Graph:
         return self._with_edges(src[keep], dst[keep], w)
 
     def add_self_loops(self, fill: float = 1.0) -> "Graph":
-        """Ensure every node has exactly one self loop (existing ones are kept, weight unchanged)."""
+        """Ensure every node has exactly one self loop (existing ones are kept, weight
+        unchanged)."""
         g = self.remove_self_loops() if self.edge_weight is None else self
         src, dst = g.edges()
         loops = np.arange(self.num_nodes, dtype=np.int64)
         if self.edge_weight is None:
-            return self._with_edges(np.concatenate([src, loops]), np.concatenate([dst, loops]), None)
+            return self._with_edges(np.concatenate([src, loops]), np.concatenate([dst, loops]),
+                                    None)
         has = np.zeros(self.num_nodes, dtype=bool)
         has[src[src == dst]] = True
         new = loops[~has]
@@ -242,7 +251,8 @@ class Graph:
     def to_scipy(self):
         """scipy.sparse.csr_matrix (n × n) with edge weights, or ones."""
         import scipy.sparse as sp
-        data = np.ones(self.num_edges, np.float32) if self.edge_weight is None else np.asarray(self.edge_weight)
+        data = (np.ones(self.num_edges, np.float32) if self.edge_weight is None
+                else np.asarray(self.edge_weight))
         return sp.csr_matrix((data, np.asarray(self.indices), np.asarray(self.indptr)),
                              shape=(self.num_nodes, self.num_nodes))
 
@@ -276,7 +286,8 @@ def split_masks(n: int, rng: np.random.Generator, train: float = 0.6, val: float
     if n < 3:
         raise InputError(f"need at least 3 nodes to make train/val/test splits, got {n}")
     if not (0 < train < 1 and 0 < val < 1 and train + val < 1):
-        raise InputError(f"split fractions need 0 < train, val and train + val < 1, got train={train} val={val}")
+        raise InputError(f"split fractions need 0 < train, val and train + val < 1, "
+                         f"got train={train} val={val}")
     perm = rng.permutation(n)
     # clamp so that each of the three parts keeps at least one node, whatever the rounding
     n_tr = min(n - 2, max(1, int(round(train * n))))

@@ -142,7 +142,8 @@ def write_features(out, blocks, n: Optional[int], where: str) -> tuple:
     stream, rows, bad_rows, first_bad = None, 0, 0, None
     for _, block in blocks:
         if block.ndim != 2 or not np.issubdtype(block.dtype, np.floating):
-            raise InputError(f"{where}: x must be a 2-D float array, got {block.dtype} {block.shape}")
+            raise InputError(f"{where}: x must be a 2-D float array, "
+                             f"got {block.dtype} {block.shape}")
         block = block.astype(np.float32, copy=False)
         if stream is None:
             stream = out.open("x", np.float32, (n, block.shape[1]))
@@ -156,7 +157,8 @@ def write_features(out, blocks, n: Optional[int], where: str) -> tuple:
         stream = out.open("x", np.float32, (0, 0))
     shape = stream.close()
     if bad_rows:
-        raise InputError(f"{where}: x contains NaN or inf in {bad_rows} row(s), first at node {first_bad}")
+        raise InputError(f"{where}: x contains NaN or inf in {bad_rows} row(s), "
+                         f"first at node {first_bad}")
     return shape
 
 
@@ -168,7 +170,8 @@ def checked_edges(blocks, n: int, locate: Callable[[int, int], str]):
         if bad.any():
             i = int(np.argmax(bad))
             value = src[i] if (src[i] < 0 or src[i] >= n) else dst[i]
-            raise InputError(f"{locate(first, i)}: edge endpoint {int(value)} is out of range [0, {n})")
+            raise InputError(f"{locate(first, i)}: edge endpoint {int(value)} "
+                             f"is out of range [0, {n})")
         yield src, dst
 
 

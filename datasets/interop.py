@@ -38,7 +38,8 @@ def from_pyg(data, num_classes: Optional[int] = None, directed: bool = True) -> 
     store = data.to_dict() if hasattr(data, "to_dict") else dict(data)
     missing = [k for k in ("edge_index", "x", "y") + _MASKS if store.get(k) is None]
     if missing:
-        raise InputError(f"PyG data has no '{missing[0]}' (needs edge_index, x, y, {', '.join(_MASKS)})")
+        raise InputError(f"PyG data has no '{missing[0]}' "
+                         f"(needs edge_index, x, y, {', '.join(_MASKS)})")
     if num_classes is None and store.get("num_classes") is not None:
         num_classes = int(store["num_classes"])
     weight = store.get("edge_weight")
@@ -63,7 +64,8 @@ def to_pyg(graph: Graph):
     fields = {"edge_index": torch.from_numpy(np.stack([src, dst])),
               "x": torch.from_numpy(np.array(graph.x, dtype=np.float32)),
               "y": torch.from_numpy(np.array(graph.y, dtype=np.int64)),
-              "num_nodes": graph.num_nodes, "num_classes": int(graph.num_classes), "name": graph.name}
+              "num_nodes": graph.num_nodes, "num_classes": int(graph.num_classes),
+              "name": graph.name}
     for key in _MASKS:
         fields[key] = torch.from_numpy(np.array(getattr(graph, key), dtype=bool))
     if graph.edge_weight is not None:
@@ -87,13 +89,16 @@ def from_dgl(g, num_classes: Optional[int] = None, directed: bool = True) -> Gra
         import dgl  # noqa: F401  (checked so that the error below is about DGL, not the graph)
     except ImportError:
         raise InputError("from_dgl needs DGL: pip install dgl (DGL wheels need an older torch than "
-                         "gnnpar's; use a separate environment, or save the graph as npz there)") from None
+                         "gnnpar's; use a separate environment, or save the graph as npz "
+                         "there)") from None
     if not getattr(g, "is_homogeneous", True):
-        raise InputError("from_dgl takes a homogeneous graph; convert with dgl.to_homogeneous first")
+        raise InputError("from_dgl takes a homogeneous graph; "
+                         "convert with dgl.to_homogeneous first")
     ndata = g.ndata
     missing = [k for k in ("feat", "label") + _MASKS if k not in ndata]
     if missing:
-        raise InputError(f"DGL graph has no ndata['{missing[0]}'] (needs feat, label, {', '.join(_MASKS)})")
+        raise InputError(f"DGL graph has no ndata['{missing[0]}'] "
+                         f"(needs feat, label, {', '.join(_MASKS)})")
     src, dst = g.edges()
     edge_index = np.stack([_numpy(src, "edges"), _numpy(dst, "edges")])
     weight = None
@@ -104,6 +109,7 @@ def from_dgl(g, num_classes: Optional[int] = None, directed: bool = True) -> Gra
     if int(g.num_nodes()) != int(ndata["feat"].shape[0]):
         raise InputError(f"DGL graph has {int(g.num_nodes())} nodes but ndata['feat'] has "
                          f"{ndata['feat'].shape[0]} rows")
-    return graph_from_arrays(edge_index, _numpy(ndata["feat"], "feat"), _numpy(ndata["label"], "label"),
+    return graph_from_arrays(edge_index, _numpy(ndata["feat"], "feat"),
+                             _numpy(ndata["label"], "label"),
                              [_numpy(ndata[k], k) for k in _MASKS], num_classes, directed=directed,
                              edge_weight=weight, name="dgl", meta={"source": "dgl"})

@@ -28,22 +28,26 @@ from .progress import throttled
 
 def _pick_split(root: str, split: Optional[str]) -> str:
     base = os.path.join(root, "split")
-    found = sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))) if os.path.isdir(base) else []
+    found = (sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
+             if os.path.isdir(base) else [])
     if split is not None:
         if split not in found:
-            raise InputError(f"split '{split}' not found under {base} (found: {', '.join(found) or 'none'})")
+            raise InputError(f"split '{split}' not found under {base} "
+                             f"(found: {', '.join(found) or 'none'})")
         return os.path.join(base, split)
     if not found:
         raise InputError(f"no split folder under {base} (expected split/<name>/train.csv.gz, ...)")
     if len(found) > 1:
-        raise InputError(f"several splits under {base} ({', '.join(found)}): choose one with split=NAME")
+        raise InputError(f"several splits under {base} ({', '.join(found)}): "
+                         "choose one with split=NAME")
     return os.path.join(base, found[0])
 
 
 def _check_node_count(counts: np.ndarray, where: str, n: int) -> None:
     counts = np.asarray(counts).ravel()
     if counts.size != 1:
-        raise InputError(f"{where} must hold one node count (a single graph), got {counts.size} values")
+        raise InputError(f"{where} must hold one node count (a single graph), "
+                         f"got {counts.size} values")
     if int(counts[0]) != n:
         raise InputError(f"{where} says {int(counts[0])} nodes but the features have {n} rows")
 
@@ -102,10 +106,12 @@ def _binary_layout(out, raw: str, directed: bool, say):
         raise InputError(f"{data}: node_feat must be a 2-D float array, got {x_dtype} {x_shape}")
     e_shape, e_dtype, _ = heads["edge_index"]
     if len(e_shape) != 2 or e_shape[0] != 2 or not np.issubdtype(e_dtype, np.integer):
-        raise InputError(f"{data}: edge_index must be a (2, E) integer array, got {e_dtype} {e_shape}")
+        raise InputError(f"{data}: edge_index must be a (2, E) integer array, "
+                         f"got {e_dtype} {e_shape}")
     n, f, edges = x_shape[0], x_shape[1], e_shape[1]
     dirs = 1 if directed else 2
-    check_memory(csr_bytes(dirs * edges, n, out.holds_arrays) + (4 * n * f if out.holds_arrays else 0)
+    check_memory(csr_bytes(dirs * edges, n, out.holds_arrays)
+                 + (4 * n * f if out.holds_arrays else 0)
                  + feature_block_bytes(heads["node_feat"][2], x_dtype.itemsize, BLOCK_BYTES)
                  + 8 * n * 3, f"{data} ({n:,} nodes, {edges:,} edges, {f:,} features)")
     _check_node_count(load_npz_arrays(data, ("num_nodes_list",), heads=heads)["num_nodes_list"],
@@ -139,10 +145,12 @@ def write_ogb(out, root: str, directed: bool = False, split: Optional[str] = Non
     layout = _binary_layout if os.path.isfile(os.path.join(raw, "data.npz")) else _csv_layout
     n, labels, label_file = layout(out, raw, directed, say)
     if labels.ndim == 2 and labels.shape[1] != 1:
-        raise InputError(f"{raw}/{label_file} has {labels.shape[1]} columns: multi-label tasks are not supported")
+        raise InputError(f"{raw}/{label_file} has {labels.shape[1]} columns: "
+                         "multi-label tasks are not supported")
     labels = labels.reshape(-1)
     if labels.shape[0] != n:
-        raise InputError(f"{raw}/{label_file} has {labels.shape[0]} labels but the features have {n} rows")
+        raise InputError(f"{raw}/{label_file} has {labels.shape[0]} labels "
+                         f"but the features have {n} rows")
     unlabelled = np.isnan(labels)
     known = labels[~unlabelled]
     if not np.all(np.isfinite(known)) or np.any(known != np.round(known)):

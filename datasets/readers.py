@@ -97,7 +97,8 @@ def graph_from_arrays(edge_index, x, y, masks, num_classes: Optional[int] = None
     if edge_weight is not None:
         w = np.asarray(edge_weight)
         if w.shape != (ei.shape[1],) or not np.issubdtype(w.dtype, np.floating):
-            raise InputError(f"edge_weight must be a float array of shape ({ei.shape[1]},), got {w.dtype} {w.shape}")
+            raise InputError(f"edge_weight must be a float array of shape ({ei.shape[1]},), "
+                             f"got {w.dtype} {w.shape}")
     src, dst = ei[0].astype(np.int64), ei[1].astype(np.int64)
     if not directed and w is None:  # one sort instead of build-then-symmetrize's two
         src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
@@ -170,7 +171,8 @@ def write_npz(out, path: str, directed: bool = False,
     heads = npz_headers(path)
     missing = [k for k in NPZ_KEYS if k not in heads]
     if missing:
-        raise InputError(f"{path} is missing key '{missing[0]}' (an npz graph needs {', '.join(NPZ_KEYS)})")
+        raise InputError(f"{path} is missing key '{missing[0]}' "
+                         f"(an npz graph needs {', '.join(NPZ_KEYS)})")
     out.name = os.path.splitext(os.path.basename(path))[0]
     out.meta = {"source": os.path.abspath(path), "directed": bool(directed)}
     if "edge_weight" in heads:

@@ -69,9 +69,9 @@ KEYS = {
     "rmat": {"scale": (_int(2, 31), _REQUIRED), "ef": (_int(1), _REQUIRED), "feat": (_int(1), 128),
              "classes": (_int(1), 16), "seed": (_int(0), 0), "a": (_float(0, 1), 0.57),
              "b": (_float(0, 1), 0.19), "c": (_float(0, 1), 0.19), "permute": (_bool, True)},
-    "sbm": {"n": (_int(3), _REQUIRED), "blocks": (_int(1), _REQUIRED), "p_in": (_float(0, 1), _REQUIRED),
-            "p_out": (_float(0, 1), _REQUIRED), "feat": (_int(1), 32), "noise": (_float(0), 1.0),
-            "seed": (_int(0), 0)},
+    "sbm": {"n": (_int(3), _REQUIRED), "blocks": (_int(1), _REQUIRED),
+            "p_in": (_float(0, 1), _REQUIRED), "p_out": (_float(0, 1), _REQUIRED),
+            "feat": (_int(1), 32), "noise": (_float(0), 1.0), "seed": (_int(0), 0)},
 }
 KINDS = ("rmat", "sbm", "npz", "ogb", "cache")
 
@@ -98,7 +98,8 @@ def _parse_keys(kind: str, body: str) -> dict:
         if key not in out:
             if default is _REQUIRED:
                 need = ", ".join(k for k, (_, d) in table.items() if d is _REQUIRED)
-                raise InputError(f"{kind} spec needs key '{key}' (required: {need}; allowed: {allowed})")
+                raise InputError(f"{kind} spec needs key '{key}' "
+                                 f"(required: {need}; allowed: {allowed})")
             out[key] = default
     return out
 
@@ -111,7 +112,8 @@ def parse_spec(spec: str):
     ``{'dir'}``. Raises :class:`InputError` naming the bad key and listing the allowed ones.
     """
     if not isinstance(spec, str) or ":" not in spec:
-        raise InputError(f"dataset spec must look like KIND:ARGS with KIND one of {', '.join(KINDS)}, got {spec!r}")
+        raise InputError(f"dataset spec must look like KIND:ARGS with KIND one of "
+                         f"{', '.join(KINDS)}, got {spec!r}")
     kind, _, body = spec.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
@@ -128,7 +130,8 @@ def parse_spec(spec: str):
         if sep and tail.strip().startswith("split="):
             path, split = head, tail.strip()[len("split="):]
             if not split or "/" in split:
-                raise InputError(f"ogb key 'split' must name one folder under DIR/split, got '{split}'")
+                raise InputError(f"ogb key 'split' must name one folder under DIR/split, "
+                                 f"got '{split}'")
         return kind, {"dir": path, "split": split}
     return kind, {"dir": body}
 
@@ -197,8 +200,8 @@ def _write_cache(kind: str, params: dict, directed: bool, folder: str, meta: dic
             out.meta = {**out.meta, **meta}
             out.finish(where=where)
     except OSError as exc:
-        warnings.warn(f"could not write dataset cache {folder}: {exc}; building the graph in memory",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"could not write dataset cache {folder}: {exc}; "
+                      "building the graph in memory", RuntimeWarning, stacklevel=3)
         return None
     graph = load_cache(folder)  # validated by finish()
     graph.meta["from_cache"] = False
@@ -243,7 +246,8 @@ def load_dataset(spec: str, directed: bool = False, cache_dir: Optional[str] = N
             return graph.validate()
         except InputError as exc:
             warnings.warn(f"rebuilding dataset cache: {exc}", RuntimeWarning, stacklevel=2)
-            shutil.rmtree(folder, ignore_errors=True)  # ours: named by the key hash inside cache_dir
+            # ours: named by the key hash inside cache_dir
+            shutil.rmtree(folder, ignore_errors=True)
     graph = _write_cache(kind, params, directed, folder, {"spec": spec, "cache_key": key}, progress)
     if graph is None:
         graph = _build(kind, params, directed, progress)

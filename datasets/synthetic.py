@@ -39,7 +39,8 @@ def _check(cond: bool, msg: str) -> None:
 
 def _streams(seed: int, k: int):
     """``k`` independent generators derived from one seed."""
-    _check(isinstance(seed, (int, np.integer)) and seed >= 0, f"seed must be an integer >= 0, got {seed!r}")
+    _check(isinstance(seed, (int, np.integer)) and seed >= 0,
+           f"seed must be an integer >= 0, got {seed!r}")
     return [np.random.default_rng(s) for s in np.random.SeedSequence(int(seed)).spawn(k)]
 
 
@@ -103,8 +104,10 @@ def write_rmat(out, scale: int, ef: int, feat: int = 128, classes: int = 16, see
     """:func:`rmat` written into ``out`` (:mod:`.ingest`); the caller finishes ``out``."""
     _check(isinstance(scale, (int, np.integer)) and 2 <= scale <= 31,
            f"rmat scale must be an integer in [2, 31], got {scale!r}")
-    _check(isinstance(ef, (int, np.integer)) and ef >= 1, f"rmat ef must be an integer >= 1, got {ef!r}")
-    _check(isinstance(feat, (int, np.integer)) and feat >= 1, f"rmat feat must be an integer >= 1, got {feat!r}")
+    _check(isinstance(ef, (int, np.integer)) and ef >= 1,
+           f"rmat ef must be an integer >= 1, got {ef!r}")
+    _check(isinstance(feat, (int, np.integer)) and feat >= 1,
+           f"rmat feat must be an integer >= 1, got {feat!r}")
     _check(isinstance(classes, (int, np.integer)) and classes >= 1,
            f"rmat classes must be an integer >= 1, got {classes!r}")
     for name, p in (("a", a), ("b", b), ("c", c)):
@@ -128,7 +131,8 @@ def write_rmat(out, scale: int, ef: int, feat: int = 128, classes: int = 16, see
             for _ in range(scale):
                 r = edge_rng.random(size, dtype=np.float32)
                 # quadrant q in 0..3 (0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right)
-                q = (r >= t_a).view(np.uint8) + (r >= t_ab).view(np.uint8) + (r >= t_abc).view(np.uint8)
+                q = ((r >= t_a).view(np.uint8) + (r >= t_ab).view(np.uint8)
+                     + (r >= t_abc).view(np.uint8))
                 src <<= 1
                 src |= q >> 1
                 dst <<= 1
@@ -186,8 +190,10 @@ def write_sbm(out, n: int, blocks: int, p_in: float, p_out: float, feat: int = 3
            f"sbm blocks must be an integer in [1, n={n}], got {blocks!r}")
     for name, p in (("p_in", p_in), ("p_out", p_out)):
         _check(0.0 <= p <= 1.0, f"sbm {name} must be a probability in [0, 1], got {p!r}")
-    _check(isinstance(feat, (int, np.integer)) and feat >= 1, f"sbm feat must be an integer >= 1, got {feat!r}")
-    _check(np.isfinite(noise) and noise >= 0, f"sbm noise must be a finite number >= 0, got {noise!r}")
+    _check(isinstance(feat, (int, np.integer)) and feat >= 1,
+           f"sbm feat must be an integer >= 1, got {feat!r}")
+    _check(np.isfinite(noise) and noise >= 0,
+           f"sbm noise must be a finite number >= 0, got {noise!r}")
     n, blocks, feat = int(n), int(blocks), int(feat)
     check_memory(sbm_bytes(n, blocks, p_in, p_out, feat, directed, out.holds_arrays),
                  f"sbm n={n:,} ({blocks:,} blocks, {feat:,} features)")
@@ -196,7 +202,8 @@ def write_sbm(out, n: int, blocks: int, p_in: float, p_out: float, feat: int = 3
     sizes = np.full(blocks, n // blocks, dtype=np.int64)
     sizes[: n % blocks] += 1
     y = member_rng.permutation(np.repeat(np.arange(blocks, dtype=np.int64), sizes))
-    members = np.argsort(y, kind="stable")  # vertices of block k: members[first[k]:first[k] + sizes[k]]
+    # vertices of block k: members[first[k]:first[k] + sizes[k]]
+    members = np.argsort(y, kind="stable")
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]])
 
     bi, bj = np.meshgrid(np.arange(blocks), np.arange(blocks), indexing="ij")
@@ -235,5 +242,5 @@ def write_sbm(out, n: int, blocks: int, p_in: float, p_out: float, feat: int = 3
     for name, mask in zip(("train_mask", "val_mask", "test_mask"), split_masks(n, mask_rng)):
         out.write(name, mask)
     out.name, out.num_classes = f"sbm-n{n}-b{blocks}", blocks
-    out.meta = {"generator": "sbm", "p_in": float(p_in), "p_out": float(p_out), "noise": float(noise),
-                "seed": int(seed), "directed": bool(directed)}
+    out.meta = {"generator": "sbm", "p_in": float(p_in), "p_out": float(p_out),
+                "noise": float(noise), "seed": int(seed), "directed": bool(directed)}

@@ -130,7 +130,8 @@ def build_custom(name: str, f_in: int, hidden: int, f_out: int, layers: int,
     try:
         model = factory(f_in, hidden, f_out, layers, dropout)
     except Exception as exc:  # noqa: BLE001 - the user's code: one line, not a traceback
-        raise InputError(f"--model {name}: the factory raised {type(exc).__name__}: {exc}") from None
+        raise InputError(f"--model {name}: the factory raised {type(exc).__name__}: "
+                         f"{exc}") from None
     if not isinstance(model, nn.Module):
         raise InputError(f"--model {name}: the factory returned a {type(model).__name__}, "
                          "not a torch.nn.Module")

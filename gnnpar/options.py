@@ -105,7 +105,8 @@ def add_distributed_args(p: argparse.ArgumentParser) -> None:
                    help="block | random | metis | kaminpar (default metis for --nprocs)")
     g.add_argument("--partition-dir", default=None,
                    help="folder of per-rank shards from gnnpar-partition (written there if empty)")
-    g.add_argument("--backend", default="auto", help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
+    g.add_argument("--backend", default="auto",
+                   help="auto (nccl on GPU, else gloo) | gloo | nccl | mpi")
     g.add_argument("--comm-dtype", default="fp32", choices=("fp32", "bf16", "fp16"),
                    help="wire format of the SpMM's feature and gradient exchanges (summed in "
                         "fp32; the weights' gradient all-reduce stays fp32); default fp32")
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--model", default="gcn", metavar="{gcn,sage,gat,package.module:factory}",
                    help="layer type (gat: graph attention, with every --algo, full batch "
-                        "and mini batch), or your own model: factory(f_in, hidden, f_out, layers, dropout) "
+                        "and mini batch), or your own model: "
+                        "factory(f_in, hidden, f_out, layers, dropout) "
                         "returning a torch.nn.Module whose forward(ops, x) reads layer i's "
                         "operator as ops[i] (gnnpar/custom_model.py; default: gcn)")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")

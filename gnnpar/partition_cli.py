@@ -1,9 +1,11 @@
-"""``gnnpar-partition``: partition a dataset and write one shard folder per rank.
+r"""``gnnpar-partition``: partition a dataset and write one shard folder per rank.
 
 Examples::
 
-    gnnpar-partition --dataset rmat:scale=18,ef=16 --parts 8 --method metis --balance edges --out shards/rmat18-p8
-    gnnpar-partition --dataset sbm:n=20000,blocks=8,p_in=0.0005,p_out=0.00002 --parts 8 --report --json
+    gnnpar-partition --dataset rmat:scale=18,ef=16 --parts 8 --method metis --balance edges \
+        --out shards/rmat18-p8
+    gnnpar-partition --dataset sbm:n=20000,blocks=8,p_in=0.0005,p_out=0.00002 --parts 8 \
+        --report --json
     gnnpar-partition --dataset npz:graph.npz --parts 4 --grid 2x2 --report
 
 Memory stays bounded by the structure, not the graph: the dataset is read memory-mapped (from
@@ -41,8 +43,8 @@ import time
 
 from gnnpar.datasets import InputError, load_dataset, parse_spec
 from gnnpar.datasets.owned import cache_overlap, refuse_claimed
-from gnnpar.partitioners import (DEFAULT_BALANCE, METHODS, GridSpec, format_report, partition_graph, report,
-                                 write_shards)
+from gnnpar.partitioners import (DEFAULT_BALANCE, METHODS, GridSpec, format_report, partition_graph,
+                                 report, write_shards)
 from gnnpar.partitioners.dispatch import DEFAULT_IMBALANCE, READS
 from gnnpar.partitioners.metis import check_tolerance
 from gnnpar.partitioners.part_pool import default_jobs
@@ -56,15 +58,18 @@ PROG = "gnnpar-partition"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Partition a graph and write per-rank shards.")
+    p = argparse.ArgumentParser(prog=PROG,
+                                description="Partition a graph and write per-rank shards.")
     p.add_argument("--dataset", required=True, metavar="SPEC",
-                   help="dataset spec, e.g. rmat:scale=18,ef=16 or sbm:... or npz:PATH or ogb:DIR (required)")
+                   help="dataset spec, e.g. rmat:scale=18,ef=16 or sbm:... or npz:PATH or ogb:DIR "
+                        "(required)")
     p.add_argument("--directed", action="store_true",
                    help="keep the graph directed instead of symmetrising it (default: off)")
     p.add_argument("--cache-dir", default=None, help="dataset cache folder (default: none)")
     p.add_argument("--parts", type=int, required=True, metavar="P",
                    help="number of parts = ranks that will load the shards (required)")
-    p.add_argument("--method", choices=METHODS, default="metis", help="partitioner (default: metis)")
+    p.add_argument("--method", choices=METHODS, default="metis",
+                   help="partitioner (default: metis)")
     p.add_argument("--balance", choices=("nodes", "edges"), default=None,
                    help="quantity to balance: vertices, or row non-zeros with each row weighted "
                         "too (default: edges for metis/kaminpar, nodes for block; refused with "
@@ -88,14 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--norms", default="gcn,mean",
                    help="comma-separated propagation matrices stored per shard (default: gcn,mean)")
     p.add_argument("--grid", default=None, metavar="AxB[xC]",
-                   help="with --report: non-zeros per rank of the 2d/3d kernels on this grid, whose "
-                        "size must equal --parts (no blocks are written: the kernels cut them from "
-                        "the shards at setup; builds A'+I whole in memory, unlike the rest of "
-                        "the command; default: none)")
+                   help="with --report: non-zeros per rank of the 2d/3d kernels on this grid, "
+                        "whose size must equal --parts (no blocks are written: the kernels cut "
+                        "them from the shards at setup; builds A'+I whole in memory, unlike the "
+                        "rest of the command; default: none)")
     p.add_argument("--report", action="store_true", help="print the partition quality report")
     p.add_argument("--feat-width", type=int, default=128,
-                   help="feature width f used for the bytes-per-SpMM figures of --report (default: 128)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
+                   help="feature width f used for the bytes-per-SpMM figures of --report "
+                        "(default: 128)")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as one JSON object on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     add_max_memory_arg(p)
@@ -110,7 +117,8 @@ def run(args) -> int:
 
     grid, norms = check_flags(args)
     if not args.out and not args.report:
-        raise InputError("nothing to do: give --out DIR to write shards, --report to print quality, or both")
+        raise InputError("nothing to do: give --out DIR to write shards, --report to print "
+                         "quality, or both")
     if grid is not None and not args.report:
         say(f"--grid {args.grid} only adds figures to --report: the 2d/3d kernels cut their blocks "
             f"from the shards at setup, so no grid blocks are written")
@@ -170,7 +178,8 @@ def check_flags(args):
     parse_spec(args.dataset)  # its keys and values; the files it names are read by the load
     grid = GridSpec.parse(args.grid) if args.grid else None
     if grid is not None and grid.size != args.parts:
-        raise InputError(f"--grid {args.grid} has {grid.size} ranks but --parts is {args.parts}; they must be equal")
+        raise InputError(f"--grid {args.grid} has {grid.size} ranks but --parts is {args.parts}; "
+                         "they must be equal")
     try:
         norms = check_norms(k for k in args.norms.split(",") if k)
     except InputError as e:
@@ -208,7 +217,8 @@ def _format_figures(rep: dict) -> str:
     times = ", ".join(f"{k} {v:.1f} s" for k, v in rep["phases"].items())
     return (f"phases: {times} (total {sum(rep['phases'].values()):.1f} s; the partitioner's own "
             f"call {rep['partition_call_s']:.1f} s); peak resident memory "
-            f"{rep['peak_rss_bytes'] / gib:.2f} GiB (largest job {rep['peak_rss_jobs_bytes'] / gib:.2f} GiB)")
+            f"{rep['peak_rss_bytes'] / gib:.2f} GiB "
+            f"(largest job {rep['peak_rss_jobs_bytes'] / gib:.2f} GiB)")
 
 
 def _inside(path: str, folder: str) -> bool:

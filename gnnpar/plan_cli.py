@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=DefaultsHelpFormatter)
     p.add_argument("--dataset", default=None, help="dataset spec (n, m, features, classes from it)")
     p.add_argument("--nodes", type=int, default=None, help="n, instead of --dataset")
-    p.add_argument("--edges", type=int, default=None, help="non-zeros of Â (m), instead of --dataset")
+    p.add_argument("--edges", type=int, default=None,
+                   help="non-zeros of Â (m), instead of --dataset")
     p.add_argument("--features", type=int, default=128, help="input width (with --nodes)")
     p.add_argument("--classes", type=int, default=16, help="output width (with --nodes)")
     p.add_argument("--world", type=int, default=None, help="number of ranks (required unless "
@@ -166,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run's --precision (bf16: the SpMM exchanges move bf16 features)")
     p.add_argument("--calibrate", action="store_true",
                    help="probe this machine (a few seconds: SpMM, dense and elementwise rates, "
-                        f"latency and bandwidth of 2 local gloo ranks) and write the figures to --calibration "
+                        f"latency and bandwidth of 2 local gloo ranks) and write the figures to "
+                        f"--calibration "
                         f"(default {DEFAULT_PATH})")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process while calibrating (1: one thread per rank)")

@@ -1,6 +1,7 @@
 """``--precision {fp32,bf16,tf32}``: what a training step runs in.
 
-``fp32`` runs everything in float32 (nothing here touches an fp32 run, bit for bit). ``bf16`` is mixed precision:
+``fp32`` runs everything in float32 (nothing here touches an fp32 run, bit for bit). ``bf16``
+is mixed precision:
 
 - the forward pass runs under :func:`torch.autocast` on the run's device type with
   ``dtype=torch.bfloat16``, so the dense layers (``nn.Linear``, matmuls) compute in bf16

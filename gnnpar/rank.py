@@ -8,8 +8,9 @@ rank), the rank's own random stream (dropout differs between ranks), then what t
 sampling service and an engine, :mod:`gnnpar.sampling.setup`), the optimiser, checkpointing
 and the JSON log (:func:`gnnpar.logged.train_logged`; every record names the run's
 ``precision``). The lead rank holds the log's lock (:func:`gnnpar.logged.holding_log`) from
-before it loads anything until the run's outputs are written. The launcher (:mod:`gnnpar.launch`) calls it in-process for a serial run and
-once per rank otherwise; ``docs/architecture.md`` follows one step of each mode file by file.
+before it loads anything until the run's outputs are written. The launcher
+(:mod:`gnnpar.launch`) calls it in-process for a serial run and once per rank otherwise;
+``docs/architecture.md`` follows one step of each mode file by file.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ controls. A process that is SIGKILLed cannot, so the next gnnpar run calls
 :func:`remove_stale_scratch_dirs`, which removes only folders of this user whose name *and*
 owner file say gnnpar made them for a process that is provably gone (no such pid, a zombie,
 a reused pid, an earlier boot), on this host and pid namespace, and that hold no symbolic
-link (nor a folder, for kinds that hold only files). Used for the local rendezvous (``gnnpar-rdzv-``) and temporary shards
-(``gnnpar-shards-``).
+link (nor a folder, for kinds that hold only files). Used for the local rendezvous
+(``gnnpar-rdzv-``) and temporary shards (``gnnpar-shards-``).
 """
 from __future__ import annotations
 

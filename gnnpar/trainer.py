@@ -92,7 +92,8 @@ class RuntimeCollectives:
         return None
 
 
-def accuracy_counts(logits: torch.Tensor, y: torch.Tensor, masks: Dict[str, torch.Tensor]) -> torch.Tensor:
+def accuracy_counts(logits: torch.Tensor, y: torch.Tensor,
+                    masks: Dict[str, torch.Tensor]) -> torch.Tensor:
     pred = logits.argmax(dim=1)
     right = pred == y
     return torch.stack([torch.stack([(right & masks[s]).sum(), masks[s].sum()]) for s in SPLITS]

@@ -23,8 +23,8 @@ from .spmm_2d import SPMM_2D
 from .spmm_3d import SPMM_3D
 from .spmm_4d import SPMM_4D
 
-__all__ = ["Algorithm", "ALGORITHMS", "register", "get", "get_grouped", "names", "group_names", "cost_names",
-           "make_grid", "group_grid_shape", "make_group_grid"]
+__all__ = ["Algorithm", "ALGORITHMS", "register", "get", "get_grouped", "names", "group_names",
+           "cost_names", "make_grid", "group_grid_shape", "make_group_grid"]
 
 BUILTIN = (SPMM_1D, SPMM_1D_HALO, SPMM_15D, SPMM_2D, SPMM_3D, SPMM_4D)
 

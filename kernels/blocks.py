@@ -49,7 +49,8 @@ def layout_options(settings, per_group: bool) -> dict:
         return {}
     layout = getattr(settings, "block_layout", None) or "balanced"
     if layout not in BLOCK_LAYOUTS:
-        raise InputError(f"unknown block layout {layout!r}; choose one of {', '.join(BLOCK_LAYOUTS)}")
+        raise InputError(f"unknown block layout {layout!r}; "
+                         f"choose one of {', '.join(BLOCK_LAYOUTS)}")
     return {"permute": layout == "balanced", "seed": int(getattr(settings, "seed", 0) or 0)}
 
 

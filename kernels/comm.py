@@ -402,7 +402,8 @@ class Comm:
         if g == 1:
             return t
         me = ranks.index(self.grid.rank)
-        self._count(axes, 2 * (t.numel() - _chunk(t.numel(), g, me)) * t.element_size(), 2 * (g - 1))
+        self._count(axes, 2 * (t.numel() - _chunk(t.numel(), g, me)) * t.element_size(),
+                    2 * (g - 1))
         self._run("all_reduce", [t], group, lambda: dist.all_reduce(t, op=op, group=group))
         return t
 

@@ -225,7 +225,8 @@ def _padding(algo: str) -> Callable:
 
 
 def epoch_work(structure: Structure, algo: str, kind: str, widths: Sequence[int], dims=None,
-               variant: str = "halo", layers: int = 0, rotate: bool = True) -> Dict[str, np.ndarray]:
+               variant: str = "halo", layers: int = 0,
+               rotate: bool = True) -> Dict[str, np.ndarray]:
     """Per-rank ``spmm_flops`` (2 × multiply-adds of every SpMM of an epoch, backward ones
     included), ``dense_flops`` (each rank's own rows through every layer's weights: forward,
     and the input and weight gradients) and ``elementwise`` (owned rows × Σ widths)."""

@@ -2,10 +2,11 @@
 
 :func:`transpose_csr` gives exactly the arrays of :func:`transpose_csr_numpy`, the reference
 (a stable argsort of the column indices; :func:`gnnpar.kernels.local.transpose_csr` calls this
-module for host arrays): ``t_indptr`` (n_src+1,) int64, ``t_indices`` (nnz,) int64 row ids, ``t_values`` the
-values in Âᵀ's row order, in their own dtype. Two passes over the entries instead of a sort:
-count each column, then scatter the entries row by row — entries of one column keep their
-order in Â (row-major), which is what the stable sort gives, so the arrays are identical.
+module for host arrays): ``t_indptr`` (n_src+1,) int64, ``t_indices`` (nnz,) int64 row ids,
+``t_values`` the values in Âᵀ's row order, in their own dtype. Two passes over the entries
+instead of a sort: count each column, then scatter the entries row by row — entries of one
+column keep their order in Â (row-major), which is what the stable sort gives, so the arrays
+are identical.
 
 A plain module-level function compiled on first use (:func:`gnnpar.kernels.jit.compile_module`;
 importing numba costs most of a second) and cached on disk; ``nogil``, so sampler worker

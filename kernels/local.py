@@ -123,7 +123,8 @@ class OutputBuffers:
         if key >= self.max_slots:
             return like.new_empty(shape)
         buf = self.slots.get(key)
-        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
+        if (buf is None or buf.shape != shape or buf.dtype != like.dtype
+                or buf.device != like.device):
             buf = like.new_empty(shape)
             self.slots[key] = buf
         return buf

@@ -41,8 +41,8 @@ Epilogues (``epilogue`` argument):
 
 :func:`usable` is the rule the layer follows: a :class:`~.local.SparseOperator` whose product
 is SparseOperator's own (a sampled block's operator, or the serial runtime's) on the CPU,
-float32 features, weights and Â, 2-D features, CPU autocast off. Everything else (distributed and bipartite
-operators, bf16 autocast, CUDA, float64) takes the unfused path.
+float32 features, weights and Â, 2-D features, CPU autocast off. Everything else (distributed
+and bipartite operators, bf16 autocast, CUDA, float64) takes the unfused path.
 
 Shapes: h (n_src, f_in); W_n, W_r (f_out, f_in); b (f_out,) or None → (n_dst, f_out).
 """

@@ -38,8 +38,9 @@ On its grid this is the A-stationary product of :mod:`spmm_2d` with ``replica`` 
 the partial sums, and it is built by the same code (:func:`spmm_2d.build_block_op`):
 ``--algo 1.5d --replication c`` moves what ``--algo 2d --grid (p/c)x c`` moves over the same
 blocks (``gnnpar-train`` gives 2d the balanced block layout, :func:`blocks.layout_options`;
-1.5d keeps the shards' parts unless built with ``permute=True``). What 1.5D names is the choice of grid: c replicas per row block, with c chosen small
-(c² ≪ p) so that the p/c-member stages carry the traffic.
+1.5d keeps the shards' parts unless built with ``permute=True``). What 1.5D names is the choice
+of grid: c replicas per row block, with c chosen small (c² ≪ p) so that the p/c-member stages
+carry the traffic.
 
 Shapes: h, Z (n_me, f); Â_ik (|R_i|, |C_k|) (halo: own rows first, then the touched remote
 rows, compacted on both dims).

@@ -12,9 +12,9 @@ or a distinct batch (across groups), so the ranks sharing a weight block are all
 runtime's one flat all-reduce over every axis reduces each gradient exactly once.
 
 Full batch runs 3d's balanced block layout (``permute=True``, :func:`spmm_3d.options_3d`);
-per group, the group's rows as given. Words moved per rank per SpMM: those of 3d; per step add the gradient all-reduce over all p
-ranks, 2·(P − chunk_r)·4 bytes for P parameters, chunk_r = ⌊P/p⌋ + [r < P mod p] (Comm's
-all_reduce rule), as for every other algorithm.
+per group, the group's rows as given. Words moved per rank per SpMM: those of 3d; per step add
+the gradient all-reduce over all p ranks, 2·(P − chunk_r)·4 bytes for P parameters,
+chunk_r = ⌊P/p⌋ + [r < P mod p] (Comm's all_reduce rule), as for every other algorithm.
 Shapes: as :mod:`spmm_3d`.
 """
 from __future__ import annotations

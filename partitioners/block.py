@@ -30,7 +30,8 @@ def row_work(graph: Graph) -> np.ndarray:
 
 
 def weighted_cuts(weights: np.ndarray, parts: int) -> np.ndarray:
-    """Boundaries (parts+1,) of contiguous ranges whose weights are as equal as prefix sums allow."""
+    """Boundaries (parts+1,) of contiguous ranges whose weights are as equal as prefix sums
+    allow."""
     n = weights.shape[0]
     cum = np.cumsum(weights, dtype=np.float64)
     total = cum[-1] if n else 0.0

@@ -50,7 +50,8 @@ def row_chunks(indptr: np.ndarray, max_entries: int = 1 << 20):
 
 def chunk_rows(indptr: np.ndarray, start: int, stop: int) -> np.ndarray:
     """Row id of every entry of rows ``[start, stop)``, int64."""
-    return np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(np.asarray(indptr[start:stop + 1])))
+    return np.repeat(np.arange(start, stop, dtype=np.int64),
+                     np.diff(np.asarray(indptr[start:stop + 1])))
 
 
 def is_canonical(indptr: np.ndarray, indices: np.ndarray) -> bool:

@@ -101,7 +101,8 @@ def kaminpar_partition(graph: Graph, parts: int, seed: int = 0, balance: str = "
             os.unlink(path)
         kaminpar.reseed(int(seed) & 0x7FFFFFFF)
         solver = kaminpar.KaMinPar(threads, kaminpar.default_context())
-        owner = np.asarray(solver.compute_partition(kgraph, parts, float(imbalance)), dtype=np.int32)
+        owner = np.asarray(solver.compute_partition(kgraph, parts, float(imbalance)),
+                           dtype=np.int32)
         call_s = time.perf_counter() - t0
         del kgraph, solver
     return Partition.from_owner(owner, parts, method="kaminpar", seed=seed,

@@ -65,7 +65,8 @@ def _drop_loops(indptr: np.ndarray, indices: np.ndarray):
     for start, stop in row_chunks(indptr):
         lo, hi = int(indptr[start]), int(indptr[stop])
         rows = chunk_rows(indptr, start, stop)
-        loops[start:stop] = np.bincount(rows[indices[lo:hi] == rows] - start, minlength=stop - start)
+        loops[start:stop] = np.bincount(rows[indices[lo:hi] == rows] - start,
+                                        minlength=stop - start)
     if not loops.any():
         return indptr, indices
     keep = np.ones(indices.shape[0], bool)

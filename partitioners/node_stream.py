@@ -29,7 +29,8 @@ SMALL_ARRAYS = ("y", "train_mask", "val_mask", "test_mask")
 def release(arr) -> None:
     """Drop the resident pages of the memory map behind ``arr`` (no-op for in-memory arrays)."""
     mapped = getattr(arr, "_mmap", None)  # np.memmap and its views keep the mapping here
-    if isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+    if (isinstance(mapped, mmap.mmap) and hasattr(mapped, "madvise")
+            and hasattr(mmap, "MADV_DONTNEED")):
         try:
             mapped.madvise(mmap.MADV_DONTNEED)
         except (OSError, ValueError):  # closed map, or a kernel without it: only memory is lost

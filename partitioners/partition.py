@@ -101,13 +101,15 @@ class Partition:
         if N and (self.owner.min() < 0 or self.owner.max() >= P):
             raise InputError(f"owner values must lie in [0, {P})")
         if np.any(self.sizes < 0) or int(self.sizes.sum()) != N:
-            raise InputError(f"part sizes must be non-negative and sum to n={N}, got sum {int(self.sizes.sum())}")
+            raise InputError(f"part sizes must be non-negative and sum to n={N}, "
+                             f"got sum {int(self.sizes.sum())}")
         if self.offsets[0] != 0 or np.any(np.diff(self.offsets) != self.sizes):
             raise InputError("offsets must be the prefix sums of sizes")
         seen = np.zeros(N, np.int64)
         np.add.at(seen, self.perm, 1)
         if np.any(seen != 1):
-            raise InputError(f"perm must list every vertex exactly once ({int(np.sum(seen != 1))} do not)")
+            raise InputError(f"perm must list every vertex exactly once "
+                             f"({int(np.sum(seen != 1))} do not)")
         part_of_pos = np.repeat(np.arange(P, dtype=np.int32), self.sizes)
         if not np.array_equal(self.owner[self.perm], part_of_pos):
             raise InputError("perm does not place every vertex inside its owner's range")
@@ -120,7 +122,8 @@ class Partition:
     def balance(self, weights=None) -> float:
         """max / mean of the part weights (vertex count when ``weights`` is None); 1.0 = perfect."""
         w = (self.sizes.astype(np.float64) if weights is None
-             else np.bincount(self.owner, weights=np.asarray(weights, np.float64), minlength=self.num_parts))
+             else np.bincount(self.owner, weights=np.asarray(weights, np.float64),
+                              minlength=self.num_parts))
         mean = w.sum() / self.num_parts
         return float(w.max() / mean) if mean > 0 else 1.0
 

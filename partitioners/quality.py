@@ -107,20 +107,25 @@ def format_report(rep: dict) -> str:
     """Human-readable lines of a :func:`report` dict."""
     mib = 1 << 20
     lines = [
-        f"method={rep['method']} parts={rep['parts']} seed={rep['seed']} n={rep['n']:,} nnz(A'+I)={rep['nnz']:,}",
-        f"edge cut: {rep['edge_cut']:,} ({100 * rep['edge_cut_fraction']:.2f}% of off-diagonal non-zeros)",
+        f"method={rep['method']} parts={rep['parts']} seed={rep['seed']} n={rep['n']:,} "
+        f"nnz(A'+I)={rep['nnz']:,}",
+        f"edge cut: {rep['edge_cut']:,} ({100 * rep['edge_cut_fraction']:.2f}% "
+        f"of off-diagonal non-zeros)",
         f"balance (max/mean): vertices {rep['vertex_balance']:.3f}, edges {rep['edge_balance']:.3f}"
         f" (part sizes {rep['sizes_min']:,}..{rep['sizes_max']:,})",
         f"max per part: {rep['nodes_max']:,} nodes ({rep['vertex_balance']:.2f}x the mean "
         f"{rep['nodes_mean']:,.0f}: features, dense layers), {rep['nnz_max']:,} non-zeros of A'+I "
         f"({rep['edge_balance']:.2f}x the mean {rep['nnz_mean']:,.0f}: local SpMM work)",
         f"halo rows: total {rep['halo_total']:,}, max per part {rep['halo_max']:,}",
-        f"bytes per SpMM at f={rep['feat_width']}: 1D all-gather {rep['bytes_allgather'] / mib:,.1f} MiB, "
-        f"halo exchange {rep['bytes_halo'] / mib:,.1f} MiB ({100 * rep['halo_over_allgather']:.1f}%)",
+        f"bytes per SpMM at f={rep['feat_width']}: "
+        f"1D all-gather {rep['bytes_allgather'] / mib:,.1f} MiB, "
+        f"halo exchange {rep['bytes_halo'] / mib:,.1f} MiB "
+        f"({100 * rep['halo_over_allgather']:.1f}%)",
     ]
     if "grid_nnz" in rep:
         g = rep["grid_nnz"]
-        lines.append(f"grid {rep['grid']} non-zeros per rank max/mean: {g['balanced']['max_over_mean']:.3f} "
+        lines.append(f"grid {rep['grid']} non-zeros per rank max/mean: "
+                     f"{g['balanced']['max_over_mean']:.3f} "
                      f"in the balanced layout gnnpar-train runs, {g['parts']['max_over_mean']:.3f} "
                      f"with blocks cut along the parts")
     return "\n".join(lines)

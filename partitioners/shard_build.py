@@ -321,7 +321,8 @@ class ShardBuilder:
         table_f[owned, 1] = self.cinv[owned]
         table_f[halo, 1] = self.cinv[halo]
         indptr = np.zeros(n_local + 1, np.int64)
-        cols, raw = np.empty(nnz, np.int64), np.empty(nnz, self.raw_dtype)  # rounded once, in the pass
+        cols, raw = (np.empty(nnz, np.int64),
+                     np.empty(nnz, self.raw_dtype))  # rounded once, in the pass
         orig = np.empty(nnz, np.bool_)
         gcn, mean = np.empty(nnz, np.float32), np.empty(nnz, np.float32)
         kernels().rows_pass(self.indptr, self.indices, self.weight, self.weighted,

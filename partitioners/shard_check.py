@@ -59,7 +59,8 @@ class Checker:
         if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             self.fail(rel, f"shape {tuple(a.shape)}, expected {want}")
-        ok = {"int": np.issubdtype(a.dtype, np.integer), "float": np.issubdtype(a.dtype, np.floating),
+        ok = {"int": np.issubdtype(a.dtype, np.integer),
+              "float": np.issubdtype(a.dtype, np.floating),
               "bool": a.dtype == np.bool_}[kind]
         if not ok:
             self.fail(rel, f"dtype {a.dtype}, expected {kind}")

@@ -9,10 +9,11 @@ never materialised: only O(n) vectors and one part's rows exist at once.
 
 The passes and what they give:
 
-- :func:`degree_pass` (:func:`degree_pass_unit` without weights): per vertex the sums ``datasets/normalize.values_for`` divides by (GCN row
-  and column sums of S with unit diagonal; the raw row sums), in the same order of additions as
-  its ``np.bincount`` calls (row-major S order, one addition at a time), so the values are the
-  same bits; whether a vertex had a self loop; the first negative weight of each kind;
+- :func:`degree_pass` (:func:`degree_pass_unit` without weights): per vertex the sums
+  ``datasets/normalize.values_for`` divides by (GCN row and column sums of S with unit
+  diagonal; the raw row sums), in the same order of additions as its ``np.bincount`` calls
+  (row-major S order, one addition at a time), so the values are the same bits; whether a
+  vertex had a self loop; the first negative weight of each kind;
 - :func:`halo_pass`: one part's halo (distinct columns owned elsewhere), its cut entries and
   its non-zeros; for a canonical CSR with a symmetric pattern, :func:`halo_bits_pass` and
   :func:`halo_lists` give every part's at once from one sequential pass;

@@ -298,7 +298,8 @@ def read_meta(out_dir: str) -> dict:
     path = os.path.join(out_dir, META)
     _no_link(out_dir, path)
     if not os.path.isfile(path):
-        raise InputError(f"{out_dir} has no {META}: not a shard directory, or its write did not finish")
+        raise InputError(f"{out_dir} has no {META}: not a shard directory, "
+                         "or its write did not finish")
     try:
         with open(path) as f:
             meta = json.load(f)
@@ -307,12 +308,14 @@ def read_meta(out_dir: str) -> dict:
     if not isinstance(meta, dict):
         raise InputError(f"{path} is not a shard meta.json (not a JSON object)")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{path} has shard format version {meta.get('format_version')!r}; this gnnpar "
-                         f"reads version {FORMAT_VERSION}: rewrite the shards with gnnpar-partition")
+        raise InputError(f"{path} has shard format version {meta.get('format_version')!r}; "
+                         f"this gnnpar reads version {FORMAT_VERSION}: "
+                         "rewrite the shards with gnnpar-partition")
     missing = [k for k in ("run_id", "fingerprint", "parts", "n", "num_features", "num_classes",
                            "norms") if k not in meta]
     if missing:
-        raise InputError(f"{path} lacks {', '.join(missing)}: rewrite the shards with gnnpar-partition")
+        raise InputError(f"{path} lacks {', '.join(missing)}: "
+                         "rewrite the shards with gnnpar-partition")
     return meta
 
 
@@ -335,7 +338,8 @@ def _check_folder(out_dir: str, folder: str, manifest_name: str, run_id: str) ->
                          f"rewrite the shards")
     for rel, size in manifest["files"].items():
         if not isinstance(rel, str) or not _REL_RE.match(rel):
-            raise InputError(f"{path} names {rel!r}, not a file inside {folder}; rewrite the shards")
+            raise InputError(f"{path} names {rel!r}, not a file inside {folder}; "
+                             "rewrite the shards")
         file = os.path.join(folder, *rel.split("/"))
         _no_link(out_dir, file)
         if not os.path.isfile(file) or os.path.getsize(file) != size:
@@ -360,7 +364,8 @@ def load_grid_rows(out_dir: str, start: int = 0, stop: int = 0, mmap: bool = Tru
                      "build their blocks from the per-rank shards at setup")
 
 
-def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap: bool = True) -> Shard:
+def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None,
+               mmap: bool = True) -> Shard:
     """Rank ``rank``'s :class:`Shard` from ``out_dir`` (arrays memory-mapped when ``mmap``).
 
     Refuses with :class:`InputError` a wrong format version, a ``world_size`` other than the part
@@ -370,10 +375,12 @@ def load_shard(out_dir: str, rank: int, world_size=None, fingerprint=None, mmap:
     meta = read_meta(out_dir)
     P = int(meta["parts"])
     if world_size is not None and int(world_size) != P:
-        raise InputError(f"the shards in {out_dir} are for {P} ranks but the world size is {world_size}; "
+        raise InputError(f"the shards in {out_dir} are for {P} ranks "
+                         f"but the world size is {world_size}; "
                          f"rerun gnnpar-partition with --parts {world_size}")
     if fingerprint is not None and fingerprint != meta["fingerprint"]:
-        raise InputError(f"the shards in {out_dir} were written for dataset fingerprint {meta['fingerprint']}, "
+        raise InputError(f"the shards in {out_dir} were written for dataset fingerprint "
+                         f"{meta['fingerprint']}, "
                          f"not {fingerprint}: they belong to another graph")
     if not 0 <= int(rank) < P:
         raise InputError(f"rank {rank} is outside [0, {P}) for the shards in {out_dir}")
@@ -423,6 +430,7 @@ def reassemble(out_dir: str) -> Graph:
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     indices = src[order]
-    ew = np.concatenate(weights)[order].astype(np.dtype(meta["edge_weight_dtype"])) if meta["weighted"] else None
-    return Graph(indptr=indptr, indices=indices, edge_weight=ew, num_classes=int(meta["num_classes"]),
-                 name=meta.get("name", "graph"), **node)
+    ew = (np.concatenate(weights)[order].astype(np.dtype(meta["edge_weight_dtype"]))
+          if meta["weighted"] else None)
+    return Graph(indptr=indptr, indices=indices, edge_weight=ew,
+                 num_classes=int(meta["num_classes"]), name=meta.get("name", "graph"), **node)
