@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -168,7 +167,7 @@ def main(argv=None) -> int:
     if dgl:
         dgl.close()
     res = {k: combine(v) for k, v in rounds.items()}
-    print(f"| side | step s | rounds | peak RSS growth MB | load |")
+    print("| side | step s | rounds | peak RSS growth MB | load |")
     print("|---|---|---|---|---|")
     for k, v in res.items():
         print(f"| {k} | {v['epoch_s']:.4f} | {' / '.join(f'{t:.4f}' for t in v['rounds_s'])} | "

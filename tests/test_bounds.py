@@ -21,7 +21,6 @@ import resource
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from gnnpar.datasets import InputError

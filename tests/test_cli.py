@@ -2,6 +2,8 @@
 one-line errors for bad input, reserved flags, and the package importing from anywhere."""
 import json
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -86,20 +88,34 @@ def test_npz_errors_and_debug_traceback(tmp_path):
 
 
 def test_imports_from_another_folder_and_regular_install(tmp_path):
-    """Flat layout: gnnpar.kernels must resolve from the checkout and from a real install."""
+    """Flat layout: gnnpar.kernels must resolve from the checkout and from a real install, and
+    a real install holds every module of the checkout (a package missing from setup.cfg's
+    list is left out of a wheel) and imports each console script's module."""
     code = "import gnnpar.kernels.local, gnnpar.datasets.graph, gnnpar.partitioners.partition; print('ok')"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.stdout.strip() == "ok", r.stderr
-    target = tmp_path / "site"
+    target, src = tmp_path / "site", tmp_path / "src"
+    # from a copy without the checkout's build/ folder, whose stale files setuptools would reuse
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".venv", "*.npy", "*.pt"))
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--no-build-isolation", "--target", str(target), ROOT],
+                        "--no-build-isolation", "--target", str(target), str(src)],
                        capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         pytest.skip(f"pip could not build the package here: {r.stderr.strip()[-200:]}")
     assert (target / "gnnpar" / "kernels" / "local.py").exists()
     assert not (target / "kernels").exists() and not (target / "datasets").exists()
+    homes = {"gnnpar": "gnnpar", "kernels": "gnnpar/kernels",
+             "partitioners": "gnnpar/partitioners", "datasets": "gnnpar/datasets"}
+    for top, installed_at in homes.items():
+        for src in pathlib.Path(ROOT, top).rglob("*.py"):
+            rel = src.relative_to(pathlib.Path(ROOT, top))
+            assert (target / installed_at / rel).exists(), f"{top}/{rel} is not installed"
+    scripts = ["gnnpar.train", "gnnpar.partition_cli", "gnnpar.plan_cli", "gnnpar.report",
+               "gnnpar.predict"]
     env = {**os.environ, "PYTHONPATH": str(target)}
-    r = subprocess.run([sys.executable, "-c", code + "; import gnnpar; print(gnnpar.__file__)"],
+    r = subprocess.run([sys.executable, "-c", code + "; import gnnpar; print(gnnpar.__file__)"
+                        + "".join(f"; import {m}" for m in scripts)],
                        cwd=tmp_path, capture_output=True, text=True, env=env)
     assert r.stdout.splitlines()[0] == "ok", r.stderr
     assert str(target) in r.stdout
