@@ -16,6 +16,7 @@ import torch
 
 from .cli_util import ROOT
 from .required import mpirun
+from .test_spawn_liveness import ranks_of
 DATA = "rmat:scale=12,ef=8,feat=16,classes=4"
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
@@ -122,16 +123,13 @@ def test_sigkill_of_one_rank_is_named_and_nothing_is_left(tmp_path):
                                    "--timeout", str(timeout)),
                          cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
-    parent = psutil.Process(p.pid)
     deadline = time.monotonic() + 120
     victim = None
     while victim is None and time.monotonic() < deadline:
-        ranks = parent.children(recursive=True)  # under the fork server (gnnpar/rank_start.py)
-        victim = next((c for c in ranks if c.name() == "gnnpar-rank-2"), None)
+        victim = ranks_of(p).get("gnnpar-rank-2")
         time.sleep(0.1)
     assert victim is not None, "rank 2 never started"
-    others = [c for c in parent.children(recursive=True)
-              if c.name().startswith("gnnpar-rank-") and c != victim]
+    others = [c for c in ranks_of(p).values() if c != victim]
     time.sleep(3.0)  # mid-training
     victim.kill()
     t = time.monotonic()

@@ -44,6 +44,20 @@ def mapping_rss(address: int) -> int:
     raise LookupError(f"no mapping holds {address:#x}")
 
 
+def files_rss_mb(folder: str) -> float:
+    """Resident MB of this process's mappings of files under ``folder`` (``/proc/self/smaps``)."""
+    folder = os.path.realpath(folder) + os.sep
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) >= 6 and head[5].startswith(folder)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total / MB
+
+
 def shard_arrays(shard):
     return [shard.global_ids, shard.indptr, shard.indices, shard.raw_weight, shard.orig_edge,
             shard.x, shard.y, shard.train_mask, shard.val_mask, shard.test_mask,
@@ -91,8 +105,9 @@ def runtime_body(rank, world, folder):
                 for t in blocks) / MB
     resident = {os.path.basename(a.filename): mapping_rss(a.ctypes.data)
                 for a in shard_arrays(shard)}  # before the comparisons below read them
+    shard_files_mb = files_rss_mb(folder)
     x_file = _file_id(os.stat(os.path.join(folder, f"part-{rank:05d}", "x.npy")))
-    return {"grown": grown, "op_mb": op_mb,
+    return {"grown": grown, "op_mb": op_mb, "shard_files_mb": shard_files_mb,
             "shard_mb": sum(a.nbytes for a in shard_arrays(shard)) / MB, "resident": resident,
             "x_mapped": _mapped_file(rt.x.data_ptr()) == x_file,
             "x_equal": bool(torch.equal(rt.x, torch.from_numpy(np.array(shard.x)))),
@@ -103,9 +118,11 @@ def test_runtime_maps_rows_and_hands_back_the_shard(big_shard):
     (r,) = spawn(runtime_body, 1, args=(big_shard,), timeout_s=120)
     assert r["x_mapped"] and r["x_equal"] and r["y_equal"]
     assert all(b <= 64 << 10 for b in r["resident"].values()), r["resident"]
-    # no shard page left resident (the operator read indices and values: 36 MB); the file
-    # pages that remain are shared libraries the first product loads (~9 MB on some CPUs) ...
-    assert r["grown"]["RssFile"] < 0.25 * r["shard_mb"], r
+    # no shard page left resident (the operator read indices and values: 36 MB), counted on
+    # the mappings of the shard's own files: a rank forked from the fork server
+    # (gnnpar/rank_start.py) faults in the library code it inherited as it first runs it, so
+    # its gross RssFile growth counts libraries too (26.8 MB in CI at 12a2112) ...
+    assert r["shard_files_mb"] < 0.25 * r["shard_mb"], r
     # ... and besides the operator's own arrays (24 bytes a non-zero) only setup leftovers
     # (freed transients malloc keeps): no second copy of the sparse arrays (+36 MB)
     assert r["grown"]["RssAnon"] < r["op_mb"] + 0.3 * r["shard_mb"], r

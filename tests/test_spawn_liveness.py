@@ -153,10 +153,22 @@ def wait_for_training(p, log, limit=120):
         time.sleep(0.05)
 
 
+def ranks_of(p):
+    """``{name: process}`` of the ranks of the command ``p`` (grandchildren: ranks fork from
+    gnnpar's fork server); a process that ends while it is looked at is skipped."""
+    out = {}
+    for c in psutil.Process(p.pid).children(recursive=True):
+        try:
+            name = c.name()
+        except psutil.NoSuchProcess:
+            continue
+        if name.startswith("gnnpar-rank-"):
+            out[name] = c
+    return out
+
+
 def rank_process(p, rank):
-    """Rank ``rank`` of the command ``p`` (a grandchild: ranks fork from gnnpar's fork server)."""
-    return next(c for c in psutil.Process(p.pid).children(recursive=True)
-                if c.name() == f"gnnpar-rank-{rank}")
+    return ranks_of(p)[f"gnnpar-rank-{rank}"]
 
 
 def reap(p):
@@ -208,8 +220,7 @@ def test_sigterm_while_ranks_start_exits_143(tmp_path):
                   "--checkpoint-dir", str(tmp_path / f"ck-{i}"))
         try:
             deadline = time.monotonic() + 120
-            while not any(c.name().startswith("gnnpar-rank-")
-                          for c in psutil.Process(p.pid).children(recursive=True)):
+            while not ranks_of(p):
                 assert p.poll() is None, p.communicate()[1]
                 assert time.monotonic() < deadline, "no rank started"
                 time.sleep(0.01)
