@@ -30,32 +30,33 @@ def _status_mb(key: str = "VmRSS") -> float:
     raise KeyError(key)
 
 
-def mapping_rss(address: int) -> int:
-    """Resident bytes of the mapping that holds ``address`` (``/proc/self/smaps``)."""
-    inside = False
+def mappings():
+    """``(start, end, path, resident bytes)`` of each of this process's mappings
+    (``/proc/self/smaps``; ``path`` is "" for an anonymous one)."""
+    current = None
     with open("/proc/self/smaps") as fh:
         for line in fh:
             head = line.split()
             if "-" in head[0] and not head[0].endswith(":"):
                 lo, hi = (int(v, 16) for v in head[0].split("-"))
-                inside = lo <= address < hi
-            elif inside and head[0] == "Rss:":
-                return int(head[1]) * 1024
+                current = (lo, hi, head[5] if len(head) >= 6 else "")
+            elif current is not None and head[0] == "Rss:":
+                yield (*current, int(head[1]) * 1024)
+                current = None
+
+
+def mapping_rss(address: int) -> int:
+    """Resident bytes of the mapping that holds ``address``."""
+    for lo, hi, _, rss in mappings():
+        if lo <= address < hi:
+            return rss
     raise LookupError(f"no mapping holds {address:#x}")
 
 
 def files_rss_mb(folder: str) -> float:
-    """Resident MB of this process's mappings of files under ``folder`` (``/proc/self/smaps``)."""
+    """Resident MB of this process's mappings of files under ``folder``."""
     folder = os.path.realpath(folder) + os.sep
-    total, inside = 0, False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()
-            if "-" in head[0] and not head[0].endswith(":"):
-                inside = len(head) >= 6 and head[5].startswith(folder)
-            elif inside and head[0] == "Rss:":
-                total += int(head[1]) * 1024
-    return total / MB
+    return sum(rss for _, _, path, rss in mappings() if path.startswith(folder)) / MB
 
 
 def shard_arrays(shard):
