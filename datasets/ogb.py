@@ -1,4 +1,5 @@
-"""OGB node-property dataset folders, read without the ogb package, in bounded memory.
+"""OGB node-property (and link-property) dataset folders, read without the ogb package, in
+bounded memory.
 
 :func:`write_ogb` streams a folder into an output (:mod:`.ingest`): features a block of rows
 at a time, edges through :func:`.csr_stream.build_csr` (spilled to a scratch file next to a
@@ -7,7 +8,8 @@ value a node) are read whole. :func:`read_ogb` runs the same code into memory.
 
 OGB's edge files are directed (e.g. arxiv: "src cites dst"); the default stores both
 directions. Self loops in the file are kept and repeated edges merged. Every problem is an
-:class:`InputError` naming the file (and the line, for a text file).
+:class:`InputError` naming the file (and the line, for a text file). A link-property folder's
+``raw/`` is read the same way, without labels; its edge split by :mod:`.ogb_link`.
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ from .file_stream import (BLOCK_BYTES, iter_csv_gz, iter_npz_edges, iter_npz_row
 from .graph import Graph
 from .ingest import MemoryWriter, checked_edges, feature_block_bytes, write_edges, write_features
 from .limits import check_memory
+from .ogb_link import is_link_split
 from .progress import throttled
 
 
-def _pick_split(root: str, split: Optional[str]) -> str:
+def pick_split(root: str, split: Optional[str]) -> str:
+    """``root/split/<split>``, or the one split folder there when ``split`` is None."""
     base = os.path.join(root, "split")
     found = (sorted(d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)))
              if os.path.isdir(base) else [])
@@ -52,12 +56,14 @@ def _check_node_count(counts: np.ndarray, where: str, n: int) -> None:
         raise InputError(f"{where} says {int(counts[0])} nodes but the features have {n} rows")
 
 
-def _csv_layout(out, raw: str, directed: bool, say):
-    """Features, edges (into ``out``) and labels (float64, NaN = unlabelled) from the CSV
-    layout. Each file is parsed within the memory limit, counting what is already held and
+def _csv_layout(out, raw: str, directed: bool, say, labelled: bool = True):
+    """Features, edges (into ``out``) and labels (float64, NaN = unlabelled; None for a
+    link-property folder, ``labelled`` False) from the CSV layout. Each file is parsed
+    within the memory limit, counting what is already held and
     what each row will need: in memory the features and the edges' CSR, for a cache only
     the CSR's 4 bytes an entry (:func:`.csr_stream.csr_bytes`)."""
-    for fname in ("edge.csv.gz", "node-feat.csv.gz", "node-label.csv.gz"):
+    needed = ("edge.csv.gz", "node-feat.csv.gz") + (("node-label.csv.gz",) if labelled else ())
+    for fname in needed:
         if not os.path.isfile(os.path.join(raw, fname)):
             raise InputError(f"{raw} has no {fname} (nor data.npz)")
     feat = os.path.join(raw, "node-feat.csv.gz")
@@ -84,17 +90,19 @@ def _csv_layout(out, raw: str, directed: bool, say):
     say(f"ogb: edges from {edge_file}", force=True)
     write_edges(out, checked_edges(blocks(), n, lambda first, i: f"{edge_file} line {first + i}"),
                 n, directed, say)
+    if not labelled:
+        return n, None, None
     labels = read_csv_gz(os.path.join(raw, "node-label.csv.gz"), np.float64,
                          held=held + csr_bytes(0, n, False), row_bytes=8 + 3)
     return n, labels, "node-label.csv.gz"
 
 
-def _binary_layout(out, raw: str, directed: bool, say):
+def _binary_layout(out, raw: str, directed: bool, say, labelled: bool = True):
     """The same from the binary layout of the largest sets (``data.npz`` + ``node-label.npz``):
     edges and features read from the zip members a block at a time."""
     data = os.path.join(raw, "data.npz")
     label_file = os.path.join(raw, "node-label.npz")
-    if not os.path.isfile(label_file):
+    if labelled and not os.path.isfile(label_file):
         raise InputError(f"{raw} has data.npz but no node-label.npz")
     heads = npz_headers(data)
     keys = ("edge_index", "node_feat", "num_nodes_list")
@@ -122,6 +130,8 @@ def _binary_layout(out, raw: str, directed: bool, say):
                 n, directed, say)
     say(f"ogb: features from {data}", force=True)
     write_features(out, iter_npz_rows(data, "node_feat", scratch=out.scratch("node-feat")), n, data)
+    if not labelled:
+        return n, None, None
     labels = load_npz_arrays(label_file, ("node_label",))["node_label"]
     if not np.issubdtype(labels.dtype, np.number):
         raise InputError(f"{raw}/node-label.npz: node_label must be numeric, got {labels.dtype}")
@@ -137,13 +147,18 @@ def write_ogb(out, root: str, directed: bool = False, split: Optional[str] = Non
     raw = os.path.join(root, "raw")
     if not os.path.isdir(raw):
         raise InputError(f"OGB folder {root} has no raw/ subfolder")
-    split_dir = _pick_split(root, split)
+    split_dir = pick_split(root, split)
+    link = is_link_split(split_dir)
     for part in ("train", "valid", "test"):
-        if not os.path.isfile(os.path.join(split_dir, f"{part}.csv.gz")):
-            raise InputError(f"OGB split folder {split_dir} has no {part}.csv.gz")
+        name = f"{part}.pt" if link else f"{part}.csv.gz"
+        if not os.path.isfile(os.path.join(split_dir, name)):
+            raise InputError(f"OGB split folder {split_dir} has no {name}")
     say = throttled(progress)
     layout = _binary_layout if os.path.isfile(os.path.join(raw, "data.npz")) else _csv_layout
-    n, labels, label_file = layout(out, raw, directed, say)
+    n, labels, label_file = layout(out, raw, directed, say, labelled=not link)
+    if link:
+        _no_node_task(out, root, split_dir, n, directed)
+        return
     if labels.ndim == 2 and labels.shape[1] != 1:
         raise InputError(f"{raw}/{label_file} has {labels.shape[1]} columns: "
                          "multi-label tasks are not supported")
@@ -171,6 +186,19 @@ def write_ogb(out, root: str, directed: bool = False, split: Optional[str] = Non
                 "unlabelled": int(unlabelled.sum()), "directed": bool(directed)}
 
 
+def _no_node_task(out, root: str, split_dir: str, n: int, directed: bool) -> None:
+    """A link-property folder's node arrays: it has no labels, so every node is class 0 and
+    in every mask (a graph needs them; a node-classification run on it is refused by
+    ``meta["task"]``); its edge split is read by :func:`gnnpar.link.split.given_arrays`."""
+    out.write("y", np.zeros(n, np.int64))
+    for name in ("train_mask", "val_mask", "test_mask"):
+        out.write(name, np.ones(n, bool))
+    out.name = os.path.basename(os.path.normpath(root))
+    out.num_classes = 1
+    out.meta = {"source": os.path.abspath(root), "split": os.path.basename(split_dir),
+                "task": "link", "directed": bool(directed)}
+
+
 def read_ogb(root: str, directed: bool = False, split: Optional[str] = None,
              progress: Optional[Callable[[str], None]] = None) -> Graph:
     """Read an OGB node-property dataset folder as OGB's downloader unpacks it (no ogb package).
@@ -182,6 +210,10 @@ def read_ogb(root: str, directed: bool = False, split: Optional[str] = None,
     ``num_nodes_list``) and ``raw/node-label.npz`` (``node_label`` (N, 1)); used when
     ``raw/data.npz`` exists. Splits: ``split/<name>/{train,valid,test}.csv.gz`` (node ids, one
     per line); ``split`` names the subfolder and may be omitted when there is exactly one.
+
+    A link-property folder (``split/<name>/train.pt``, :mod:`.ogb_link`) has the same ``raw/``
+    without labels: its graph gets ``meta["task"] = "link"``, every node class 0 and in every
+    mask, and its edge split is read apart (:func:`gnnpar.link.split.given_arrays`).
 
     Unlabelled nodes (label NaN, as in ogbn-papers100M) get label 0 and are left out of all
     three masks, even if a split file lists them; ``meta['unlabelled']`` counts them.

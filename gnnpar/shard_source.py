@@ -59,15 +59,21 @@ def load_graph(spec) -> Graph:
     """The whole dataset of ``spec`` (``--dataset``, default a small SBM), in the vertex order
     of ``--reorder`` (:mod:`gnnpar.datasets.reorder`). A ``--task link`` run gets the training
     graph of its edge split instead (held-out edges removed), the split in
-    ``meta["link_split"]``: an ``npz:`` dataset's own (:func:`gnnpar.link.split.given_split`),
-    else one drawn by :func:`gnnpar.link.split.split_edges`, seeded by ``--seed``."""
+    ``meta["link_split"]``: an ``npz:`` dataset's or an OGB link-property folder's own
+    (:func:`gnnpar.link.split.given_split`), else one drawn by
+    :func:`gnnpar.link.split.split_edges`, seeded by ``--seed``. A node run on a
+    link-property folder (``meta["task"]``) is refused."""
     graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
                          cache_dir=spec.cache_dir)
-    if getattr(spec, "task", "node") == "link":  # a spec-like Namespace may have no task
+    task = getattr(spec, "task", "node")  # a spec-like Namespace may have no task
+    if task != "link" and graph.meta.get("task") == "link":
+        raise InputError(f"{spec.dataset} is a link-property dataset (an edge split, no node "
+                         "labels): train it with --task link")
+    if task == "link":
         given = given_arrays(spec.dataset or DEFAULT_SPEC)
         if given and spec.link_split != DEFAULT_SPLIT:
-            raise InputError(f"--link-split: {spec.dataset} carries its own split "
-                             "(train_pos, val_pos, test_pos), which the run uses")
+            raise InputError(f"--link-split: {spec.dataset} carries its own split, "
+                             "which the run uses")
         graph, split = (given_split(graph, given, spec.seed, where=spec.dataset) if given
                         else split_edges(graph, parse_fractions(spec.link_split), spec.seed))
         graph.meta = {**graph.meta, "link_split": split}

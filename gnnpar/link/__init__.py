@@ -12,6 +12,6 @@
 - :mod:`.exchange`: the distributed scoring exchange (the other endpoint's row from its owner);
 - :mod:`.scoring`: ``gnnpar-predict --pairs``, scores of given pairs from a saved model.
 
-Not built yet (README, "Link prediction"): mini batch, OGB link-property folders, training
-from ``--partition-dir`` shards, the exchange's term in ``gnnpar-plan``'s cost model.
+Not built yet (README, "Link prediction"): mini batch, training from ``--partition-dir``
+shards, the exchange's term in ``gnnpar-plan``'s cost model.
 """

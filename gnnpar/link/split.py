@@ -19,6 +19,8 @@ from typing import Tuple
 import numpy as np
 
 from gnnpar.datasets import Graph, InputError, parse_spec
+from gnnpar.datasets.ogb import pick_split
+from gnnpar.datasets.ogb_link import is_link_split, read_link_split
 
 #: the default ``--link-split``: train, validation, test shares of the undirected edges
 DEFAULT_FRACTIONS = (0.85, 0.05, 0.10)
@@ -92,14 +94,21 @@ def split_edges(graph: Graph, fractions=DEFAULT_FRACTIONS, seed: int = 0,
     return training_graph(graph, train_keys), split
 
 
-#: the npz keys of a dataset's own split (2 × K global ids each); the ``*_neg`` optional
+#: the npz keys of a dataset's own split: 2 × K global ids each (``*_neg`` optional), and
+#: the optional K × R destinations each validation / test positive is ranked against
 GIVEN_KEYS = ("train_pos", "val_pos", "test_pos", "val_neg", "test_neg")
+RANKED_KEYS = ("val_neg_dst", "test_neg_dst")
 
 
 def given_arrays(dataset: str) -> dict:
-    """The split an ``npz:`` dataset carries (:data:`GIVEN_KEYS`), read as given; {} for
-    another dataset or an npz file without ``train_pos``."""
+    """The split a dataset carries, read as given: an ``npz:`` file's :data:`GIVEN_KEYS` and
+    :data:`RANKED_KEYS`, or an ``ogb:`` link-property folder's ``split/<name>/*.pt``
+    (:mod:`gnnpar.datasets.ogb_link`); {} for another dataset, an npz file without
+    ``train_pos`` or a node-property folder."""
     kind, keys = parse_spec(dataset)
+    if kind == "ogb":
+        split_dir = pick_split(keys["dir"], keys["split"])
+        return read_link_split(split_dir) if is_link_split(split_dir) else {}
     if kind != "npz":
         return {}
     with np.load(keys["path"], allow_pickle=False) as z:
@@ -109,17 +118,21 @@ def given_arrays(dataset: str) -> dict:
         if missing:
             raise InputError(f"{keys['path']} has train_pos but not {', '.join(missing)}: a "
                              "split needs train_pos, val_pos and test_pos")
-        return {k: z[k] for k in GIVEN_KEYS if k in z.files}
+        return {k: z[k] for k in GIVEN_KEYS + RANKED_KEYS if k in z.files}
 
 
 def given_split(graph: Graph, arrays: dict, seed: int = 0, ranked: int = EVAL_RANKED,
                 where: str = "the dataset") -> Tuple[Graph, LinkSplit]:
     """The training graph and split of a dataset's own split (``arrays``, checked: 2 × K
-    integer ids in range): every stored copy of a validation or test positive is removed
-    from the message-passing graph; missing ``val_neg``/``test_neg`` are drawn as
-    :func:`split_edges` draws them, and so are the per-positive MRR negatives."""
+    integer ids in range, and K × R for the ranked destinations): every stored copy of a
+    validation or test positive is removed from the message-passing graph; missing
+    ``val_neg``/``test_neg`` are drawn as :func:`split_edges` draws them, and so are missing
+    per-positive MRR destinations (``val_neg_dst``/``test_neg_dst``)."""
     n = graph.num_nodes
-    pairs = {k: _checked_pairs(v, k, n, where) for k, v in arrays.items()}
+    pairs = {k: _checked_pairs(v, k, n, where) for k, v in arrays.items()
+             if k not in RANKED_KEYS}
+    ranked_given = {k: _checked_ranked(arrays[k], k, pairs[k[:-len("_neg_dst")] + "_pos"],
+                                       n, where) for k in RANKED_KEYS if k in arrays}
     keys = undirected_edges(graph)
     held = np.concatenate([_keys(pairs["val_pos"], n), _keys(pairs["test_pos"], n)])
     train_keys = keys[~_member(keys, np.unique(held))]
@@ -127,11 +140,26 @@ def given_split(graph: Graph, arrays: dict, seed: int = 0, ranked: int = EVAL_RA
     every = np.unique(np.concatenate([keys, held, _keys(pairs["train_pos"], n)]))
     neg = {side: pairs.get(f"{side}_neg") if f"{side}_neg" in pairs else
            non_edges(rng, every, n, pairs[f"{side}_pos"].shape[1]) for side in ("val", "test")}
+    dst = {k: ranked_given[k] if k in ranked_given else
+           ranked_non_edges(rng, every, pairs[k[:-len("_neg_dst")] + "_pos"][0], n, ranked)
+           for k in RANKED_KEYS}
     split = LinkSplit(pairs["train_pos"], pairs["val_pos"], pairs["test_pos"], neg["val"],
-                      neg["test"],
-                      ranked_non_edges(rng, every, pairs["val_pos"][0], n, ranked),
-                      ranked_non_edges(rng, every, pairs["test_pos"][0], n, ranked))
+                      neg["test"], dst["val_neg_dst"], dst["test_neg_dst"])
     return training_graph(graph, train_keys), split
+
+
+def _checked_ranked(a, key: str, pos: np.ndarray, n: int, where: str) -> np.ndarray:
+    """A K × R array of destination ids, one row for each of the K positives ``pos``."""
+    a = np.asarray(a)
+    if a.ndim != 2 or a.shape[0] != pos.shape[1] or a.shape[1] < 1 \
+            or not np.issubdtype(a.dtype, np.integer):
+        raise InputError(f"{where}: {key} must be a K x R integer array with K = "
+                         f"{pos.shape[1]} (one row a positive), got shape {a.shape} dtype "
+                         f"{a.dtype}")
+    if a.size and (a.min() < 0 or a.max() >= n):
+        bad = int(a.min()) if a.min() < 0 else int(a.max())
+        raise InputError(f"{where}: {key} has vertex id {bad}, out of range for {n} vertices")
+    return a.astype(np.int64)
 
 
 def _checked_pairs(a, key: str, n: int, where: str) -> np.ndarray:
