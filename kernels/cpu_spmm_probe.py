@@ -10,19 +10,25 @@ is measured on the machine at hand rather than written down once.
 **The probe** (:func:`measure`). One CSR matrix, :data:`PROBE_ROWS` square with
 :data:`PROBE_DEGREE` entries a row at uniformly drawn columns (a fixed seed), times H of each
 width of :data:`PROBE_WIDTHS`, in the dtype asked for, at the calling process's torch thread
-count. Both sides write into a reused output, as the library calls them. Every round times
-each width on both sides back to back, the order alternating; a warm-up round first (it
-compiles or loads the kernel), then :data:`PROBE_ROUNDS` rounds, and each side's best time is
-kept: the question is which side is faster, and the least disturbed run answers it. The
-kernel takes a width where its time is under :data:`MARGIN` × torch's. The rule
-(:func:`rule_of`) gives the kernel the products at least as wide as the narrowest probed
-width from which it wins at every wider probed width, and at least as large as the probe's
-product at that width; products narrower or smaller than that were not measured and stay on
-torch (a product wider than the widest probed follows the widest). The probe is
-(:data:`PROBE_ROUNDS` + 1) × 2 × len(:data:`PROBE_WIDTHS`) products of 2¹⁷ entries, run once per
-machine key by the first process whose product is large enough to be decided by it; the
-cache entry records what it took (``probe_s``, numba's import and the kernel's first load
-included).
+count. The matrix is as tall as a graph whose H does not fit a CPU's last-level cache at the
+wider widths (2¹⁷ rows: 32 MiB of H at width 64), because that is where the sides part: a
+product whose H stays in cache favours MKL on some CPUs, one that gathers rows from memory
+favours the kernel, and the large products are the ones a step's time is made of (on a
+2-core AMD EPYC, a probe of 2¹⁴ rows gave every width to MKL while the kernel served a
+2.6 · 10⁵-row graph's width-64 product in 0.65 × MKL's time: ``docs/performance.md``). Both
+sides write into a reused output, as the library calls them. Each width is timed on both
+sides back to back, the order alternating: a warm-up round first (it compiles or loads the
+kernel), then :data:`PROBE_ROUNDS` rounds, and each side's best time is kept: the question
+is which side is faster, and the least disturbed run answers it. One width's H and output
+are held at a time (at most 2 × 64 MiB). The kernel takes a width where its time is under
+:data:`MARGIN` × torch's. The rule (:func:`rule_of`) gives the kernel the products at least
+as wide as the narrowest probed width from which it wins at every wider probed width, and
+at least as large as the probe's product at that width; products narrower or smaller than
+that were not measured and follow the fixed rule (a product wider than the widest probed
+follows the widest). The probe is (:data:`PROBE_ROUNDS` + 1) × 2 × len(:data:`PROBE_WIDTHS`)
+products of 2²⁰ entries (about a second), run once per machine key by the first process
+whose product is large enough to be decided by it; the cache entry records what it took
+(``probe_s``, numba's import and the kernel's first load included).
 
 **The cache.** The rule is kept in ``spmm_rule.json`` under ``$GNNPAR_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/gnnpar``, else ``~/.cache/gnnpar``), one entry per machine key
@@ -66,11 +72,12 @@ import torch
 #: folder of gnnpar's small per-machine caches (this rule); see the module docstring
 CACHE_ENV = "GNNPAR_CACHE_DIR"
 FILE_NAME = "spmm_rule.json"
-#: the file's format; a file of another version is ignored and rewritten
-VERSION = 1
-PROBE_ROWS = 1 << 14
+#: the file's format; a file of another version is ignored and rewritten (2: the probe's
+#: matrix 2¹⁷ rows tall, not 2¹⁴, so version-1 rules are measured again)
+VERSION = 2
+PROBE_ROWS = 1 << 17
 PROBE_DEGREE = 8
-PROBE_WIDTHS = (32, 128, 256)
+PROBE_WIDTHS = (32, 64, 128)
 PROBE_ROUNDS = 3
 #: the kernel takes a width where its best time is under this fraction of torch's
 MARGIN = 0.9
@@ -153,21 +160,19 @@ def measure(dtype: torch.dtype, kernel_mm: Product, torch_mm: Product,
     ``dtype`` at the current torch thread count (see the module docstring)."""
     A = probe_matrix()
     gen = torch.Generator().manual_seed(0)
-    cases = []
-    for w in PROBE_WIDTHS:
-        h = torch.randn(PROBE_ROWS, w, generator=gen).to(dtype)
-        cases.append((w, h, torch.empty(PROBE_ROWS, w, dtype=dtype)))
     best = {w: [float("inf"), float("inf")] for w in PROBE_WIDTHS}
-    for r in range(rounds + 1):  # round 0 warms up
-        for w, h, out in cases:
-            order = (0, 1) if r % 2 else (1, 0)
-            for side in order:
+    for w in PROBE_WIDTHS:  # one width's arrays at a time
+        h = torch.randn(PROBE_ROWS, w, generator=gen).to(dtype)
+        out = torch.empty(PROBE_ROWS, w, dtype=dtype)
+        for r in range(rounds + 1):  # round 0 warms up
+            for side in ((0, 1) if r % 2 else (1, 0)):
                 mm = kernel_mm if side == 0 else torch_mm
                 t = time.perf_counter()
                 mm(A, h, out)
                 t = time.perf_counter() - t
                 if r:
                     best[w][side] = min(best[w][side], t)
+        del h, out
     return {w: (k, t) for w, (k, t) in best.items()}
 
 

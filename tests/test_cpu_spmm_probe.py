@@ -18,6 +18,7 @@ from gnnpar.kernels import cpu_spmm, cpu_spmm_probe
 pytestmark = pytest.mark.skipif(not cpu_spmm.available(), reason="numba kernel not available")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+W = cpu_spmm_probe.PROBE_WIDTHS  #: the probed widths, narrowest first
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +31,7 @@ def cache(tmp_path, monkeypatch):
     return folder
 
 
-def fake_measure(monkeypatch, wins=(128, 256), log=None, pause=0.0):
+def fake_measure(monkeypatch, wins=W[-2:], log=None, pause=0.0):
     """Replace the probe's timing: the kernel twice as fast at the widths in ``wins``, as
     fast elsewhere. Returns the list of dtypes measured (and appends a line to ``log``)."""
     calls = []
@@ -74,10 +75,10 @@ def test_the_real_probe_keeps_its_rule_and_the_next_process_reuses_it(cache, mon
     assert entry["rule"] == (None if rule is None else list(rule))
     # a later process (its own lookups forgotten) reads the file and measures nothing
     monkeypatch.setattr(cpu_spmm, "_RULES", {})
-    calls = fake_measure(monkeypatch, wins=(32, 128, 256))
+    calls = fake_measure(monkeypatch, wins=W)
     assert cpu_spmm.machine_rule(torch.float32) == rule and not calls
     # the entry is per dtype: bf16 is probed on its own, float32's entry kept
-    assert cpu_spmm.machine_rule(torch.bfloat16) == (32, cpu_spmm_probe.probe_nnz() * 32)
+    assert cpu_spmm.machine_rule(torch.bfloat16) == (W[0], cpu_spmm_probe.probe_nnz() * W[0])
     assert calls == [torch.bfloat16]
     assert entries(cache)[key]["float32"] == entry
 
@@ -85,10 +86,10 @@ def test_the_real_probe_keeps_its_rule_and_the_next_process_reuses_it(cache, mon
 def test_the_measured_rule_decides_which_product_serves(monkeypatch):
     A = cpu_spmm_probe.probe_matrix()
     nnz = cpu_spmm_probe.probe_nnz()
-    fake_measure(monkeypatch, wins=(128, 256))
-    assert cpu_spmm.machine_rule(torch.float32) == (128, nnz * 128)
+    fake_measure(monkeypatch, wins=W[-2:])
+    assert cpu_spmm.machine_rule(torch.float32) == (W[-2], nnz * W[-2])
     used = kernel_calls(monkeypatch)
-    for width, kernel in ((64, False), (128, True), (256, True)):
+    for width, kernel in ((W[0], False), (W[-2], True), (2 * W[-1], True)):
         used.clear()
         h = torch.randn(A.shape[1], width)
         z = cpu_spmm.csr_mm(A, h)
@@ -100,13 +101,13 @@ def test_the_measured_rule_decides_which_product_serves(monkeypatch):
     A_half = torch.sparse_csr_tensor(A.crow_indices()[:half + 1], A.col_indices()[:cut],
                                      A.values()[:cut], (half, A.shape[1]))
     used.clear()
-    cpu_spmm.csr_mm(A_half, torch.randn(A.shape[1], 128))
+    cpu_spmm.csr_mm(A_half, torch.randn(A.shape[1], W[-2]))
     assert not used
     # where the kernel loses at the widest width, never the kernel
     monkeypatch.setattr(cpu_spmm, "_RULES", {})
     monkeypatch.setenv(cpu_spmm_probe.CACHE_ENV, os.environ[cpu_spmm_probe.CACHE_ENV] + "-2")
-    fake_measure(monkeypatch, wins=(32, 128))
-    cpu_spmm.csr_mm(A, torch.randn(A.shape[1], 256))
+    fake_measure(monkeypatch, wins=W[:-1])
+    cpu_spmm.csr_mm(A, torch.randn(A.shape[1], W[-1]))
     assert cpu_spmm.machine_rule(torch.float32) is None and not used
 
 
@@ -121,17 +122,17 @@ def test_rule_of_takes_the_narrowest_width_from_which_the_kernel_always_wins():
 
 @pytest.mark.parametrize("mode,kernel", [("torch", False), ("numba", True), ("fixed", False)])
 def test_the_environment_override_wins_and_never_probes(cache, monkeypatch, mode, kernel):
-    calls = fake_measure(monkeypatch, wins=(32, 128, 256))
+    calls = fake_measure(monkeypatch, wins=W)
     used = kernel_calls(monkeypatch)
     monkeypatch.setenv(cpu_spmm.ENV, mode)
     A = cpu_spmm_probe.probe_matrix()
-    cpu_spmm.csr_mm(A, torch.randn(A.shape[1], 256))
+    cpu_spmm.csr_mm(A, torch.randn(A.shape[1], W[-1]))
     assert bool(used) == kernel and not calls
     assert not (cache / cpu_spmm_probe.FILE_NAME).exists()
 
 
 def test_small_products_never_start_the_probe(cache, monkeypatch):
-    calls = fake_measure(monkeypatch, wins=(32, 128, 256))
+    calls = fake_measure(monkeypatch, wins=W)
     A = torch.randn(60, 80).relu().to_sparse_csr()
     for width in (8, 64, 256):
         cpu_spmm.csr_mm(A, torch.randn(80, width))
@@ -148,14 +149,14 @@ def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, monkeypatch, conte
         content = json.dumps({"version": cpu_spmm_probe.VERSION,
                               "entries": {key: {"float32": {"rule": "fast"}}}})
     (cache / cpu_spmm_probe.FILE_NAME).write_text(content)
-    calls = fake_measure(monkeypatch, wins=(256,))
-    want = (256, cpu_spmm_probe.probe_nnz() * 256)
+    calls = fake_measure(monkeypatch, wins=W[-1:])
+    want = (W[-1], cpu_spmm_probe.probe_nnz() * W[-1])
     assert cpu_spmm.machine_rule(torch.float32) == want and calls == [torch.float32]
     assert entries(cache)[key]["float32"]["rule"] == list(want)
 
 
 def test_where_nothing_can_be_kept_the_fixed_rule_serves(tmp_path, monkeypatch):
-    calls = fake_measure(monkeypatch, wins=(32, 128, 256))
+    calls = fake_measure(monkeypatch, wins=W)
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv(cpu_spmm_probe.CACHE_ENV, str(tmp_path / "a-file" / "cache"))
     assert cpu_spmm.machine_rule(torch.bfloat16) == cpu_spmm.SIZE_RULE[torch.bfloat16]
@@ -179,7 +180,7 @@ def test_processes_starting_together_probe_once(cache, monkeypatch, tmp_path):
     """Ranks that reach their first large product together: one measures (slowly here),
     the others wait for its entry instead of each probing."""
     log = tmp_path / "probes.log"
-    fake_measure(monkeypatch, wins=(128, 256), log=log, pause=0.5)
+    fake_measure(monkeypatch, wins=W[-2:], log=log, pause=0.5)
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     children = [ctx.Process(target=_rule_in_child, args=(queue,)) for _ in range(3)]
@@ -190,7 +191,7 @@ def test_processes_starting_together_probe_once(cache, monkeypatch, tmp_path):
         c.join(60)
         assert c.exitcode == 0
     assert len(log.read_text().split()) == 1
-    assert {rule for _, rule in got} == {(128, cpu_spmm_probe.probe_nnz() * 128)}
+    assert {rule for _, rule in got} == {(W[-2], cpu_spmm_probe.probe_nnz() * W[-2])}
 
 
 def test_bench_cpu_spmm_probe_writes_the_cache(cache):
