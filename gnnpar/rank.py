@@ -28,6 +28,7 @@ from .interfaces import Shard
 from .link.decoders import build_decoder
 from .link.exchange import PairExchange
 from .link.loop import fit_link, link_modules
+from .link.minibatch import LinkPlan, link_minibatch_parts
 from .logged import holding_log, train_logged
 from .memory import RankMemory, array_bytes, halo_row_bytes, local_current_bytes
 from .models import build_model, sampler_input_dropout
@@ -157,19 +158,26 @@ def _link(decoder, spec, rank, world, data, model, device, watchdog, baseline=0)
     it: :func:`gnnpar.shard_source.load_graph`), its rows' embeddings scored pair by pair
     (:mod:`gnnpar.link.loop`; on several ranks through a
     :class:`~gnnpar.link.exchange.PairExchange`)."""
-    runtime, fields, desc, grid, memory = _fullbatch_runtime(spec, rank, world, data, model,
-                                                             device, watchdog, baseline)
     serial = isinstance(data, Graph)
     n = data.num_nodes if serial else int(data.n_global)
-    pairs = None if serial else PairExchange(runtime, n)
     split = data.meta["link_split"]
+    if spec.minibatch:
+        return _minibatch(spec, rank, world, data, model, device, watchdog, baseline,
+                          link=(decoder, split, n))
+    runtime, fields, desc, grid, memory = _fullbatch_runtime(spec, rank, world, data, model,
+                                                             device, watchdog, baseline)
+    pairs = None if serial else PairExchange(runtime, n)
 
     def run(opt, cfg, on_epoch, start):
         return fit_link(model, decoder, runtime, split, cfg, n, spec.neg_ratio, spec.seed,
                         pairs, on_epoch, start, opt, memory)
-    return Training(run, {**fields, "task": "link", "decoder": spec.decoder,
-                          "neg_ratio": spec.neg_ratio, "link_split": spec.link_split},
-                    desc, grid, rows=runtime, module=link_modules(model, decoder))
+    return Training(run, {**fields, **_link_fields(spec)}, desc, grid, rows=runtime,
+                    module=link_modules(model, decoder))
+
+
+def _link_fields(spec) -> dict:
+    return {"task": "link", "decoder": spec.decoder, "neg_ratio": spec.neg_ratio,
+            "link_split": spec.link_split}
 
 
 def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optional[RankMemory]:
@@ -186,25 +194,38 @@ def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optiona
                       halo_row_bytes(shard.n_halo, widths, spec.precision))
 
 
-def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> Training:
+def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0,
+               link=None) -> Training:
+    """Mini-batch training of a node classifier, or with ``link`` = (decoder, split, node
+    count) of a link predictor: edge batches as seeds (:mod:`gnnpar.link.minibatch`)."""
     memory = None
+    make_plan = None if link is None else functools.partial(
+        _link_plan, link[1].train_pos, spec, link[2])
     if isinstance(data, Graph):
         parts = serial_parts(spec, data, model.norm, device,
-                             sampler_input_dropout(model, device))
+                             sampler_input_dropout(model, device), make_plan)
     else:
         parts = build_rank(rank, world, data, spec, model.norm, device,
-                           sampler_input_dropout(model, device))
+                           sampler_input_dropout(model, device), make_plan)
         if parts.engine.reducer.world == world:  # every rank's peak, against its baseline
             memory = RankMemory(rank, world, device, baseline)
     info = parts.info
     fields = {"algo": "data-parallel" if world > 1 else "serial", "world_size": world,
               "grid": [world], "mode": "minibatch", "eval": "full-neighbourhood",
               **info.pop("layout", {})}
+    step = evaluate_on = module = None
+    if link is not None:
+        decoder, split, n = link
+        pairs = None if isinstance(data, Graph) else PairExchange(parts.eval_runtime, n)
+        step, evaluate_on = link_minibatch_parts(model, decoder, split, pairs, spec.precision)
+        module = link_modules(model, decoder)
+        fields.update(_link_fields(spec))
     return Training(
         lambda opt, cfg, on_epoch, start: fit_minibatch(model, parts.service, parts.engine,
                                                         parts.eval_runtime, cfg, on_epoch,
-                                                        start, opt, memory),
-        fields, f"minibatch x{world}", [world],
+                                                        start, opt, memory, step,
+                                                        evaluate_on),
+        fields, f"minibatch x{world}", [world], module=module,
         extra_final=lambda history: {**final_sampling(history), **info},
         # the device sampler draws other blocks than the host's (counter-based draws, named
         # by their generator: a checkpoint of other draws would not replay the same blocks);
@@ -212,3 +233,9 @@ def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0) -> 
         identity=({"sample_on": "device", "draws": HASH_GENERATOR} if info["sample_on"] == "device"
                   else {}),
         rows=parts.eval_runtime)
+
+
+def _link_plan(train_pos, spec, num_nodes, stream, world):
+    """A link mini-batch rank's steps (``--batch-size`` positives a step)."""
+    return LinkPlan(train_pos, world, stream, spec.batch_size, spec.seed, spec.neg_ratio,
+                    num_nodes)

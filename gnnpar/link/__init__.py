@@ -9,9 +9,11 @@
   user's factory) and the summed binary cross-entropy;
 - :mod:`.metrics`: AUC, MRR (OGB citation2's rule) and Hits@K (OGB collab's rule);
 - :mod:`.loop`: the full-batch loop, one process or any distributed algorithm;
+- :mod:`.minibatch`: mini batch, data parallel: edge batches as seeds, sampled by the
+  macrobatch service;
 - :mod:`.exchange`: the distributed scoring exchange (the other endpoint's row from its owner);
 - :mod:`.scoring`: ``gnnpar-predict --pairs``, scores of given pairs from a saved model.
 
-Not built yet (README, "Link prediction"): mini batch, training from ``--partition-dir``
-shards, the exchange's term in ``gnnpar-plan``'s cost model.
+Not built yet (README, "Link prediction"): grouped mini batch, training from
+``--partition-dir`` shards, the exchange's term in ``gnnpar-plan``'s cost model.
 """

@@ -14,7 +14,6 @@ TASKS = ("node", "link")
 DEFAULT_SPLIT = ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS)
 #: flags a --task link run refuses, and why (not built yet: issue 42)
 UNSUPPORTED = {
-    "mode": ("minibatch", "mini-batch link training is not built yet; use full batch"),
     "partition_dir": (None, "shards written before do not carry the edge split; let the run "
                             "partition the dataset (drop --partition-dir)"),
     "save_predictions": (None, "link runs write no node predictions"),
@@ -55,6 +54,10 @@ def check_link_args(args) -> None:
         if (value == bad) if bad is not None else value:
             raise InputError(f"--task link with --{flag.replace('_', '-')}"
                              f"{' ' + bad if bad else ''}: {why}")
+    if args.mode == "minibatch" and args.algo not in ("serial", "auto"):
+        raise InputError(f"--task link --mode minibatch with --algo {args.algo}: link mini "
+                         "batch runs data parallel only (grouped mini batch is not built for "
+                         "it); drop --algo")
     if args.reorder not in ("auto", "none"):
         raise InputError(f"--task link with --reorder {args.reorder}: the edge split is in the "
                          "dataset's own order, which link runs keep")

@@ -83,14 +83,18 @@ class DataParallel:
 
 
 def train_epoch(model, opt, service: MacrobatchService, epoch: int, engine,
-                stats: SamplingStats, precision: str = "fp32") -> torch.Tensor:
-    """One epoch of steps; returns this rank's summed loss (float64)."""
+                stats: SamplingStats, precision: str = "fp32", step=None) -> torch.Tensor:
+    """One epoch of steps; returns this rank's summed loss (float64). ``step``: what one
+    step runs, ``step(opt, engine, batch, plan, global_count)`` → its summed loss (None: the
+    node classifier's :func:`train_step`; link prediction has its own,
+    :mod:`gnnpar.link.minibatch`)."""
     model.train()
     plan = service.plan
     loss_sum = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for batch in service.epoch(epoch, stats):
-        loss_sum += train_step(model, opt, engine, batch, plan.global_count(batch.step),
-                               precision)
+        count = plan.global_count(batch.step)
+        loss_sum += (train_step(model, opt, engine, batch, count, precision) if step is None
+                     else step(opt, engine, batch, plan, count))
     return loss_sum
 
 
@@ -110,26 +114,31 @@ def train_step(model, opt, engine, batch, global_count: int, precision: str = "f
 
 def fit_minibatch(model, service: MacrobatchService, engine, eval_runtime, cfg: TrainConfig,
                   on_epoch: Optional[Callable[[dict], None]] = None, start_epoch: int = 0,
-                  opt=None, memory=None):
+                  opt=None, memory=None, step=None, evaluate_on=None):
     """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_runtime`` is a full-batch
     :class:`~gnnpar.interfaces.Runtime` used only to evaluate. Returns the epoch records (the
     full-batch fields plus the sampling ones; ``memory``, a :class:`gnnpar.memory.RankMemory`,
     adds every rank's peak and baseline). Stops after an epoch whose (global) loss is NaN
-    or infinite, on every rank at once."""
+    or infinite, on every rank at once. ``step`` (:func:`train_epoch`) and ``evaluate_on``
+    (``evaluate_on(eval_runtime)`` → the record's metrics; None: the accuracies of
+    :func:`gnnpar.trainer.evaluate`) are a task's own (link prediction:
+    :func:`gnnpar.link.minibatch.link_minibatch_parts`)."""
     opt = opt or make_optimizer(model, cfg)
     engine.comm_stats()
     service.start(start_epoch, cfg.epochs)
     history = []
-    accs = {f"{s}_acc": float("nan") for s in SPLITS}
+    accs = {f"{s}_acc": float("nan") for s in SPLITS} if evaluate_on is None else {}
+    evaluate_on = evaluate_on or (lambda rt: evaluate(model, rt, cfg.precision))
     try:
         for epoch in range(start_epoch, cfg.epochs):
             t0 = time.perf_counter()
             stats = SamplingStats()
-            loss_sum = train_epoch(model, opt, service, epoch, engine, stats, cfg.precision)
+            loss_sum = train_epoch(model, opt, service, epoch, engine, stats, cfg.precision,
+                                   step)
             sync_device(next(model.parameters()).device)  # queued GPU work is training time
             train_s = time.perf_counter() - t0
             if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                accs = evaluate(model, eval_runtime, cfg.precision)
+                accs = evaluate_on(eval_runtime)
             sync_device(next(model.parameters()).device)
             epoch_s = time.perf_counter() - t0
             grad = engine.comm_stats()

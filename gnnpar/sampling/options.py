@@ -31,7 +31,8 @@ def add_minibatch_args(p: argparse.ArgumentParser) -> None:
                         "seeds draw the last), -1 = all (write --fanouts=-1,-1); one per "
                         "--layers, e.g. 15,10,5")
     b.add_argument("--batch-size", type=int, default=None,
-                   help="seed nodes per minibatch on the rank with the most seeds")
+                   help="seed nodes (--task link: training positives, each with its "
+                        "negatives) per minibatch on the rank with the most seeds")
     b.add_argument("--macrobatch", type=int, default=None,
                    help="minibatches sampled together whose input features are fetched once "
                         f"(default {HOST_MACROBATCH} where the host samples: a CPU run or "

@@ -110,16 +110,19 @@ class MiniBatchParts(NamedTuple):
     info: dict  #: setup facts for the final record (``layout``: extra log fields)
 
 
-def serial_parts(spec, graph: Graph, norm: str, device, input_dropout: float = 0.0
-                 ) -> MiniBatchParts:
+def serial_parts(spec, graph: Graph, norm: str, device, input_dropout: float = 0.0,
+                 make_plan=None) -> MiniBatchParts:
     """One process, the whole graph in memory. ``input_dropout``: the model's input dropout
     when the sampler may do it for the model (``ServiceConfig.input_dropout``: a
-    :class:`gnnpar.models.GNN`), else 0."""
+    :class:`gnnpar.models.GNN`), else 0. ``make_plan(stream, world)``: the steps' seeds of
+    another task than node classification (:class:`gnnpar.link.minibatch.LinkPlan`), else
+    the training mask's nodes."""
     topo = Topology.from_graph(graph, (norm,))
     store = FeatureStore.local(graph.x)
     placement = _place(spec, device, topo, store, False, True)
     seeds = np.flatnonzero(np.asarray(graph.train_mask))
-    plan = EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch_size, spec.seed)
+    plan = (EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch_size, spec.seed)
+            if make_plan is None else make_plan(0, 1))
     service = MacrobatchService(topo, store, plan,
                                 SamplerConfig(spec.fanouts, norm, spec.replace),
                                 _serial_cfg(spec, device, placement, input_dropout),
@@ -139,6 +142,7 @@ class _EvalRuntime(RuntimeCollectives):
         with self.comm.in_phase("setup"):
             self.op = algorithm("1d-halo").build(shard, self.comm, norm, device)
         self.x = store.x.to(device)
+        self.world_axes = ("row",)
         self.global_ids = np.asarray(shard.global_ids, np.int64)
         self.y = as_tensor(shard.y, np.int64).to(device)
         self.masks = {s: as_tensor(getattr(shard, f"{s}_mask"), np.bool_).to(device)
@@ -146,8 +150,8 @@ class _EvalRuntime(RuntimeCollectives):
 
 
 def build_rank(rank: int, world: int, shard, spec, norm: str, device,
-               input_dropout: float = 0.0) -> MiniBatchParts:
-    """Everything rank ``rank`` needs but the model (``input_dropout``: as
+               input_dropout: float = 0.0, make_plan=None) -> MiniBatchParts:
+    """Everything rank ``rank`` needs but the model (``input_dropout``, ``make_plan``: as
     :func:`serial_parts`; data parallel only: a group's ranks each hold part of the input).
 
     ``spec.algo`` other than ``serial`` splits the ranks into groups that each run one sampled
@@ -172,7 +176,8 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
         counts, stream = counts[::group.g], group.index
     else:
         stream = rank
-    plan = EpochPlan(seeds, counts, stream, spec.batch_size, spec.seed)
+    plan = (EpochPlan(seeds, counts, stream, spec.batch_size, spec.seed)
+            if make_plan is None else make_plan(stream, len(counts)))
     sampler = SamplerConfig(spec.fanouts, norm, spec.replace)
     n_cache = cache_size(spec.cache_frac, topo.num_nodes, shard.n_local)
     probe = None
@@ -192,9 +197,12 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
             "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes(),
             "sample_on": placement.sample_on, "features_on": placement.features_on}
+    # a node's label is its owner's row; another task's seeds may be any rank's nodes, and
+    # carry no label its steps read
     if group is None:
-        service = MacrobatchService(topo, store, plan, sampler, cfg,
-                                    as_tensor(shard.y, np.int64), workers)
+        y = (as_tensor(shard.y, np.int64) if make_plan is None
+             else torch.zeros(topo.num_nodes, dtype=torch.int64))
+        service = MacrobatchService(topo, store, plan, sampler, cfg, y, workers)
         engine = DataParallel(comm, "data")
     else:
         service = GroupedService(topo, store, plan, sampler, cfg, (seeds, labels), workers,
