@@ -223,6 +223,8 @@ def shard_writer(out_dir: str, what: str = "shard folder", wait: bool = False,
         check_shard_folder(out_dir, what)  # before the lock file is made in it
     created = not os.path.exists(out_dir)
     lock = _lock(out_dir, what, wait, notice)
+    key = os.path.realpath(out_dir)
+    _HELD.add(key)
     try:
         check_shard_folder(out_dir, what)  # again, now that no other writer is in it
         yield lock
@@ -237,7 +239,22 @@ def shard_writer(out_dir: str, what: str = "shard folder", wait: bool = False,
                              "shards were removed: free some space or write elsewhere") from None
         raise
     finally:
+        _HELD.discard(key)
         lock.release()
+
+
+#: real paths of the shard folders whose write lock this process holds (:func:`shard_writer`)
+_HELD: set = set()
+
+
+def writing(out_dir: str, what: str = "shard folder"):
+    """The context a write into ``out_dir`` runs in: nothing more where this process already
+    holds the folder's lock (``gnnpar-partition``, a trainer filling ``--partition-dir``),
+    else :func:`shard_writer` — a library caller's write takes the lock as the command-line
+    tools do, and a second writer is refused (exit 2) instead of interleaving with it."""
+    if os.path.realpath(os.fspath(out_dir)) in _HELD:
+        return contextlib.nullcontext()
+    return shard_writer(out_dir, what)
 
 
 def _remove_unfinished(out_dir: str, created: bool) -> None:

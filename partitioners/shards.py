@@ -69,7 +69,7 @@ from .shard_check import validate_shard
 from .write_through import background, save_npy
 from .shard_folder import (GRID_DIR, GRID_MANIFEST, LEFTOVER_RE, MANIFEST, META, PART_RE,  # noqa: F401
                            TMP_FILE_RE, VERTEX_ORDER, check_shard_folder, claim_shard_folder,  # noqa: F401
-                           dataset_source)
+                           dataset_source, writing)
 
 FORMAT_VERSION = 1
 #: a part's structure files besides its ``values_<norm>.npy``
@@ -152,9 +152,16 @@ def write_shards(graph: Graph, partition: Partition, out_dir: str, norms=("gcn",
     :func:`check_shard_folder` (``what`` names it in messages). ``validated``: the caller has
     just validated ``graph`` (``load_dataset`` does), so its arrays are not read once more.
     """
-    say = progress or (lambda msg: None)
     out_dir = os.fspath(out_dir)
     check_shard_folder(out_dir, what)                        # before any work
+    with writing(out_dir, what):  # the folder's write lock, unless this process holds it
+        return _write_shards(graph, partition, out_dir, norms, progress, source, what, jobs,
+                             row_block, builder, validated)
+
+
+def _write_shards(graph, partition, out_dir, norms, progress, source, what, jobs, row_block,
+                  builder, validated) -> dict:
+    say = progress or (lambda msg: None)
     if not validated:
         graph.validate()
     if builder is None:

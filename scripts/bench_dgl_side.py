@@ -14,8 +14,21 @@ its columns, no self loops), ``x`` (n, f) float32, ``y`` (n,) int64, ``train_mas
                                                            -> {"mb_s", "edges_per_mb", ...}
     {"measure": "train", "threads": 2, "epochs": 5, "fanouts": [15, 10, 5],
      "batch_size": 1024, "hidden": 256, "dropout": 0.5}    -> {"epochs_s": [...], "steps", ...}
+    {"measure": "link_train", "threads": 2, "epochs": 3, "fanouts": [15, 10],
+     "batch_size": 1024, "hidden": 256, "dropout": 0.5, "neg_ratio": 1}
+                                                           -> {"epochs_s": [...], "steps", ...}
     {"measure": "gat", "threads": 2, "warmup": 2, "steps": 5, "layers": 2, "heads": 4,
      "width": 64, "dropout": 0.5}             -> {"step_s": median, "steps_s", "peak_growth_bytes"}
+
+``link_train`` (``scripts/bench_link_dgl.py``; the npz also has ``train_eids``, the edge ids
+of the training positives, one direction each) is DGL's own mini-batch link-prediction loop
+(as in DGL's link-prediction examples): ``as_edge_prediction_sampler`` around the
+``NeighborSampler``, ``negative_sampler.Uniform(neg_ratio)``, ``DataLoader`` over the
+positives' edge ids (shuffled, batch ``batch_size``, ``num_workers=0``), the SAGE encoder
+above with output width ``hidden``, the dot product of each pair's rows as its score, the mean
+binary cross-entropy with logits of positives and negatives, Adam (lr 0.01, no weight decay:
+a link run's defaults in gnnpar). No edge is excluded from the blocks, as gnnpar excludes
+none. Each epoch's wall time, from the first batch's sampling to the last step.
 
 ``gat`` is ``scripts/bench_gat.py``'s model in DGL: ``layers`` × ``GATConv`` (``heads`` heads of
 ``width`` in the hidden layers, flattened; the output layer's heads averaged), LeakyReLU 0.2,
@@ -159,6 +172,8 @@ class Side:
         self.train_mask = torch.from_numpy(d["train_mask"])
         self.train_ids = torch.nonzero(self.train_mask).flatten()
         self.num_classes = int(d["num_classes"])
+        self.train_eids = (torch.from_numpy(d["train_eids"]) if "train_eids" in d.files
+                           else None)
         self._gcn = None
 
     def gcn_graph(self):
@@ -264,6 +279,41 @@ class Side:
                 y = self.y[output_nodes]
                 opt.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(blocks, x), y)
+                loss.backward()
+                opt.step()
+                steps += 1
+                loss_sum += loss.detach()
+            times.append(time.perf_counter() - t0)
+        return {"epochs_s": times, "steps": steps, "loss": float(loss_sum) / max(steps, 1)}
+
+
+    def link_train(self, req):
+        torch.manual_seed(0)
+        fanouts, hidden = list(req["fanouts"]), req.get("hidden", HIDDEN)
+        model = SAGE(self.x.shape[1], hidden, hidden, len(fanouts), req.get("dropout", DROPOUT))
+        opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=0.0)
+        sampler = dgl.dataloading.as_edge_prediction_sampler(
+            dgl.dataloading.NeighborSampler(fanouts),
+            negative_sampler=dgl.dataloading.negative_sampler.Uniform(req.get("neg_ratio", 1)))
+        loader = dgl.dataloading.DataLoader(self.g, self.train_eids, sampler,
+                                            batch_size=req["batch_size"], shuffle=True,
+                                            drop_last=False, num_workers=0)
+
+        def scores(pair_graph, h):
+            u, v = pair_graph.edges()
+            return (h[u] * h[v]).sum(-1)
+        times, steps, loss_sum = [], 0, 0.0
+        for _ in range(req["epochs"]):
+            model.train()
+            steps, loss_sum = 0, 0.0
+            t0 = time.perf_counter()
+            for input_nodes, pair_graph, neg_graph, blocks in loader:
+                h = model(blocks, self.x[input_nodes])
+                pos, neg = scores(pair_graph, h), scores(neg_graph, h)
+                logits = torch.cat([pos, neg])
+                labels = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
+                opt.zero_grad(set_to_none=True)
+                loss = F.binary_cross_entropy_with_logits(logits, labels)
                 loss.backward()
                 opt.step()
                 steps += 1

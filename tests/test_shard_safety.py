@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gnnpar.datasets import InputError, load_dataset
-from gnnpar.datasets.owned import MARKER, read_claim
+from gnnpar.datasets.owned import LOCK_NAME, MARKER, FolderBusy, FolderLock, read_claim
 from gnnpar.partitioners import load_shard, partition_graph, read_meta, write_shards
 from gnnpar.partitioners.shards import check_shard_folder, dataset_source, part_dir
 
@@ -146,8 +146,27 @@ def test_rewrite_of_gnnpar_shards_removes_only_gnnpar_files(graph, tmp_path):
     assert read_claim(str(d))["kind"] == "shards"
     os.rename(part_dir(d, 1), f"{part_dir(d, 1)}.tmp-4242")   # debris of a crash
     write_shards(graph, partition_graph(graph, 2, "block"), d)
-    assert sorted(os.listdir(d)) == [MARKER, "meta.json", "part-00000", "part-00001"]
+    # the lock file stays, as in a folder the command-line tools write
+    assert sorted(os.listdir(d)) == [LOCK_NAME, MARKER, "meta.json", "part-00000", "part-00001"]
     assert read_meta(d)["parts"] == 2
+
+
+def test_library_write_takes_the_folder_lock(graph, tmp_path):
+    """``write_shards`` called from a user's code holds the folder's write lock as
+    ``gnnpar-partition`` does: a second writer is refused, naming the holder, and the folder
+    it would have written is left as it was."""
+    d = tmp_path / "s"
+    write_shards(graph, partition_graph(graph, 2, "block"), d)
+    before = sorted(os.listdir(d)), read_meta(d)["run_id"]
+    held = FolderLock(str(d), "shard folder")  # another writer (a lock of its own file)
+    try:
+        with pytest.raises(FolderBusy, match="pid"):
+            write_shards(graph, partition_graph(graph, 3, "block"), d)
+    finally:
+        held.release()
+    assert (sorted(os.listdir(d)), read_meta(d)["run_id"]) == before
+    write_shards(graph, partition_graph(graph, 3, "block"), d)  # once it is free
+    assert read_meta(d)["parts"] == 3
 
 
 def test_older_gnnpar_shards_are_accepted_and_marked(graph, shards):
@@ -166,7 +185,7 @@ def test_unmarked_debris_without_meta_is_refused(graph, shards):
     os.remove(shards / "meta.json")
     with pytest.raises(InputError, match="no meta.json and no gnnpar marker"):
         write_shards(graph, partition_graph(graph, 2, "block"), shards)
-    assert sorted(os.listdir(shards)) == ["part-00000", "part-00001"]
+    assert sorted(os.listdir(shards)) == [LOCK_NAME, "part-00000", "part-00001"]
 
 
 def test_train_partition_dir_with_user_files_exits_2(tmp_path):

@@ -179,8 +179,8 @@ def test_leftover_tmp_folder_is_refused(written):
         load_shard(d, 1)
     load_shard(d, 0)                                                     # others still load
     write_shards(g, part, d)                                             # a rewrite clears the debris
-    assert sorted(os.listdir(d)) == [".gnnpar-owner.json", "meta.json", "part-00000",  # + marker
-                                     "part-00001", "part-00002"]
+    assert sorted(os.listdir(d)) == [".gnnpar-lock", ".gnnpar-owner.json", "meta.json",
+                                     "part-00000", "part-00001", "part-00002"]  # + lock, marker
     load_shard(d, 1)
 
 
