@@ -268,24 +268,9 @@ class Side:
         loader = dgl.dataloading.DataLoader(self.g, self.train_ids, sampler,
                                             batch_size=req["batch_size"], shuffle=True,
                                             drop_last=False, num_workers=0)
-        times, steps = [], 0
-        for _ in range(req["epochs"]):
-            model.train()
-            steps = 0
-            loss_sum = 0.0
-            t0 = time.perf_counter()
-            for input_nodes, output_nodes, blocks in loader:
-                x = self.x[input_nodes]
-                y = self.y[output_nodes]
-                opt.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(blocks, x), y)
-                loss.backward()
-                opt.step()
-                steps += 1
-                loss_sum += loss.detach()
-            times.append(time.perf_counter() - t0)
-        return {"epochs_s": times, "steps": steps, "loss": float(loss_sum) / max(steps, 1)}
-
+        return _epochs(model, opt, loader, req["epochs"], lambda input_nodes, output_nodes,
+                       blocks: F.cross_entropy(model(blocks, self.x[input_nodes]),
+                                               self.y[output_nodes]))
 
     def link_train(self, req):
         torch.manual_seed(0)
@@ -302,24 +287,32 @@ class Side:
         def scores(pair_graph, h):
             u, v = pair_graph.edges()
             return (h[u] * h[v]).sum(-1)
-        times, steps, loss_sum = [], 0, 0.0
-        for _ in range(req["epochs"]):
-            model.train()
-            steps, loss_sum = 0, 0.0
-            t0 = time.perf_counter()
-            for input_nodes, pair_graph, neg_graph, blocks in loader:
-                h = model(blocks, self.x[input_nodes])
-                pos, neg = scores(pair_graph, h), scores(neg_graph, h)
-                logits = torch.cat([pos, neg])
-                labels = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
-                opt.zero_grad(set_to_none=True)
-                loss = F.binary_cross_entropy_with_logits(logits, labels)
-                loss.backward()
-                opt.step()
-                steps += 1
-                loss_sum += loss.detach()
-            times.append(time.perf_counter() - t0)
-        return {"epochs_s": times, "steps": steps, "loss": float(loss_sum) / max(steps, 1)}
+
+        def loss_of(input_nodes, pair_graph, neg_graph, blocks):
+            h = model(blocks, self.x[input_nodes])
+            pos, neg = scores(pair_graph, h), scores(neg_graph, h)
+            labels = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
+            return F.binary_cross_entropy_with_logits(torch.cat([pos, neg]), labels)
+        return _epochs(model, opt, loader, req["epochs"], loss_of)
+
+
+def _epochs(model, opt, loader, epochs, loss_of):
+    """``epochs`` passes over ``loader``: each batch's ``loss_of(*batch)``, backward, the
+    optimiser's step; each epoch's wall time (the loader's sampling included)."""
+    times, steps, loss_sum = [], 0, 0.0
+    for _ in range(epochs):
+        model.train()
+        steps, loss_sum = 0, 0.0
+        t0 = time.perf_counter()
+        for batch in loader:
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(*batch)
+            loss.backward()
+            opt.step()
+            steps += 1
+            loss_sum += loss.detach()
+        times.append(time.perf_counter() - t0)
+    return {"epochs_s": times, "steps": steps, "loss": float(loss_sum) / max(steps, 1)}
 
 
 def main():
