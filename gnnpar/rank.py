@@ -166,7 +166,7 @@ def _link(decoder, spec, rank, world, data, model, device, watchdog, baseline=0)
                           link=(decoder, split, n))
     runtime, fields, desc, grid, memory = _fullbatch_runtime(spec, rank, world, data, model,
                                                              device, watchdog, baseline)
-    pairs = None if serial else PairExchange(runtime, n)
+    pairs = None if serial else PairExchange.of_runtime(runtime, n)
 
     def run(opt, cfg, on_epoch, start):
         return fit_link(model, decoder, runtime, split, cfg, n, spec.neg_ratio, spec.seed,
@@ -216,7 +216,7 @@ def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0,
     step = evaluate_on = module = None
     if link is not None:
         decoder, split, n = link
-        pairs = None if isinstance(data, Graph) else PairExchange(parts.eval_runtime, n)
+        pairs = None if isinstance(data, Graph) else PairExchange.of_runtime(parts.eval_runtime, n)
         step, evaluate_on = link_minibatch_parts(model, decoder, split, pairs, spec.precision)
         module = link_modules(model, decoder)
         fields.update(_link_fields(spec))

@@ -63,7 +63,7 @@ def link_all(rank: int, world: int) -> dict:
         grid = make_grid(algo, world, dims, replication)
         for kind, decoder in MODELS:
             rt = DistRuntime(grid, shard, algo, models(kind, decoder)[0].norm, **kw)
-            out[f"{label}-{kind}-{decoder}"] = run(rt, kind, decoder, PairExchange(rt, N))
+            out[f"{label}-{kind}-{decoder}"] = run(rt, kind, decoder, PairExchange.of_runtime(rt, N))
     return out
 
 
@@ -80,7 +80,7 @@ def exchange_bytes(rank: int, world: int):
     shard = build_shard(train_g, partition_graph(train_g, world, "metis", seed=3), rank,
                         norms=("gcn",))
     rt = DistRuntime(make_grid("1d-halo", world, None, 1), shard, "1d-halo", "gcn")
-    ex = PairExchange(rt, N)
+    ex = PairExchange.of_runtime(rt, N)
     pairs = np.concatenate([split.train_pos, split.test_neg], axis=1)
     by_rank = [pairs[:, ex.owner[pairs[0]] == r] for r in range(world)]
     z = torch.randn(rt.x.shape[0], WIDTH, requires_grad=True)

@@ -31,27 +31,40 @@ from gnnpar.kernels.halo import HaloPlan
 
 
 class PairExchange:
-    """The directory of a runtime's rows (module docstring, step 1); collective to make."""
+    """The directory of a set of rows spread over ``axes`` of ``comm`` (module docstring,
+    step 1): ``owner[v]`` the member holding id ``v``, ``local[v]`` its row there; this
+    member is ``me`` and holds ``n_local`` rows. :meth:`of_runtime` makes it for a runtime's
+    rows (collective); a mini-batch group, whose members all know the step's ownership, makes
+    it without communication (:mod:`gnnpar.link.minibatch`)."""
 
-    def __init__(self, runtime, num_nodes: int):
-        self.comm, self.axes = runtime.comm, runtime.world_axes
-        members = self.comm.grid.ranks_of(self.axes)
-        self.world, self.me = len(members), members.index(self.comm.grid.rank)
+    def __init__(self, comm, axes, owner: np.ndarray, local: np.ndarray, me: int,
+                 n_local: int):
+        self.comm, self.axes = comm, axes
+        self.world = len(comm.grid.ranks_of(axes))
+        self.owner, self.local, self.me, self.n_local = owner, local, int(me), int(n_local)
+
+    @classmethod
+    def of_runtime(cls, runtime, num_nodes: int) -> "PairExchange":
+        """The directory of a runtime's rows (``runtime.global_ids`` over its
+        ``world_axes``): one all-gather of the members' id lists (setup traffic)."""
+        comm, axes = runtime.comm, runtime.world_axes
+        members = comm.grid.ranks_of(axes)
+        world, me = len(members), members.index(comm.grid.rank)
         ids = torch.from_numpy(np.array(runtime.global_ids, np.int64))  # a copy: may be mapped
-        counts = torch.zeros(self.world, dtype=torch.int64)
-        counts[self.me] = ids.shape[0]
-        sizes = [int(c) for c in self.comm.reduce_control(counts, self.axes, "sum")]
-        with self.comm.in_phase("setup"):
-            parts = self.comm.all_gather(ids, self.axes, sizes)
-        self.owner = np.full(num_nodes, -1, np.int32)
-        self.local = np.zeros(num_nodes, np.int64)
+        counts = torch.zeros(world, dtype=torch.int64)
+        counts[me] = ids.shape[0]
+        sizes = [int(c) for c in comm.reduce_control(counts, axes, "sum")]
+        with comm.in_phase("setup"):
+            parts = comm.all_gather(ids, axes, sizes)
+        owner = np.full(num_nodes, -1, np.int32)
+        local = np.zeros(num_nodes, np.int64)
         for member, part in enumerate(parts):
             p = part.numpy()
-            self.owner[p] = member
-            self.local[p] = np.arange(p.shape[0])
-        if (self.owner < 0).any():
-            raise ValueError(f"{int((self.owner < 0).sum())} vertices are owned by no rank")
-        self.n_local = int(ids.shape[0])
+            owner[p] = member
+            local[p] = np.arange(p.shape[0])
+        if (owner < 0).any():
+            raise ValueError(f"{int((owner < 0).sum())} vertices are owned by no rank")
+        return cls(comm, axes, owner, local, me, int(ids.shape[0]))
 
     def owns(self, ids: np.ndarray) -> np.ndarray:
         """Whether this rank owns each of the global ``ids``."""

@@ -1,4 +1,4 @@
-"""Mini-batch link prediction: edge batches as seeds, data parallel over the ranks.
+"""Mini-batch link prediction: edge batches as seeds, data parallel or grouped.
 
 A step's seeds are a batch of training positives with their negatives
 (:func:`gnnpar.link.negatives.negatives`, keyed by each positive's index in ``train_pos``
@@ -12,7 +12,10 @@ mean over all ranks' pairs of that step (as :mod:`gnnpar.sampling.loop` does for
 
 Rank ``r`` of ``W`` trains on the positives whose index is ``r`` modulo ``W``; its plan
 shuffles them per epoch and splits them into the same number of steps as every other rank
-(:class:`gnnpar.sampling.seeds.EpochPlan`). Evaluation runs the encoder over the whole
+(:class:`gnnpar.sampling.seeds.EpochPlan`). Grouped (``--algo A --group-size g``,
+:mod:`gnnpar.sampling.grouped`), the plan's ranks are the d groups: the g members of group k
+share its steps and each scores the pairs whose source it owns (:func:`link_minibatch_step`).
+Evaluation runs the encoder over the whole
 training graph with the exact Â (full neighbourhood, no sampling) and scores the held-out
 pairs as the full-batch loop does (:func:`gnnpar.link.loop.evaluate_link`).
 """
@@ -29,6 +32,7 @@ from gnnpar.precision import autocast, matmuls
 from gnnpar.sampling.seeds import EpochPlan
 
 from .decoders import summed_link_loss
+from .exchange import PairExchange
 from .loop import evaluate_link
 from .negatives import negatives
 
@@ -90,17 +94,53 @@ def _rows(z: torch.Tensor, nodes: np.ndarray, pairs: np.ndarray):
     return z.index_select(0, at[0]), z.index_select(0, at[1])
 
 
+def group_exchange(group_comm, batch) -> Tuple[PairExchange, np.ndarray]:
+    """A group member's :class:`~gnnpar.link.exchange.PairExchange` over the step's seeds
+    (block-local ids ``[0, S)``: every member knows who owns each, ``batch.seed_owner``, so
+    the directory costs no communication; a member's rows are its owned ids ascending, as
+    its encoder output holds them) and the seeds' global ids (block order)."""
+    owner = np.asarray(batch.seed_owner, np.int64)
+    axes = tuple(group_comm.grid.shape)
+    me = group_comm.grid.ranks_of(axes).index(group_comm.grid.rank)
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=len(group_comm.grid.ranks_of(axes)))
+    local = np.empty(owner.shape[0], np.int64)
+    local[order] = np.arange(owner.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
+    ids = np.asarray(batch.blocks[-1].src_ids[:owner.shape[0]], np.int64)
+    return PairExchange(group_comm, axes, owner, local, me, int(counts[me])), ids
+
+
+def _group_scores(decoder, z, exchange: PairExchange, ids: np.ndarray, pairs: np.ndarray):
+    """Scores of the pairs (global ids) whose source this member owns; collective over the
+    group (the other endpoints' rows come from their owners)."""
+    order = np.argsort(ids, kind="stable")
+    at = order[np.searchsorted(ids, pairs, sorter=order)]
+    return decoder(*exchange.rows(z, at[:, exchange.owns(at[0])]))
+
+
 def link_minibatch_step(encoder, decoder, opt, engine, batch, plan: LinkPlan,
                         precision: str = "fp32") -> torch.Tensor:
-    """One step on a ready minibatch of pairs; returns its summed loss (float64)."""
+    """One step on a ready minibatch of pairs; returns its summed loss (float64).
+
+    Data parallel, a rank's encoder output holds every node of its step and it scores all
+    its pairs. In a group (``batch.shards``: :mod:`gnnpar.sampling.grouped`) every member
+    has the same step's pairs but only its owned seeds' rows: it scores the pairs whose
+    source it owns, the other endpoint's row exchanged inside the group (with its gradient
+    in the backward), so each pair is scored once in the world and the global count stays
+    the normaliser."""
     pos, neg = plan.pairs(batch.epoch, batch.step)
     opt.zero_grad(set_to_none=True)
     with matmuls(precision):
         with autocast(precision, batch.x.device):
             z = encoder(LayerOps(engine.operators(batch), batch.x_dropout), batch.x)
         z = z.float()
-        loss = summed_link_loss(decoder(*_rows(z, batch.seeds, pos)),
-                                decoder(*_rows(z, batch.seeds, neg)))
+        if batch.shards is None:
+            loss = summed_link_loss(decoder(*_rows(z, batch.seeds, pos)),
+                                    decoder(*_rows(z, batch.seeds, neg)))
+        else:
+            exchange, ids = group_exchange(engine.group_comm, batch)
+            loss = summed_link_loss(_group_scores(decoder, z, exchange, ids, pos),
+                                    _group_scores(decoder, z, exchange, ids, neg))
         (loss / max(plan.global_count(batch.step), 1)).backward()
     engine.sync_grads([p for m in (encoder, decoder) for p in m.parameters()])
     opt.step()

@@ -54,10 +54,6 @@ def check_link_args(args) -> None:
         if (value == bad) if bad is not None else value:
             raise InputError(f"--task link with --{flag.replace('_', '-')}"
                              f"{' ' + bad if bad else ''}: {why}")
-    if args.mode == "minibatch" and args.algo not in ("serial", "auto"):
-        raise InputError(f"--task link --mode minibatch with --algo {args.algo}: link mini "
-                         "batch runs data parallel only (grouped mini batch is not built for "
-                         "it); drop --algo")
     if args.reorder not in ("auto", "none"):
         raise InputError(f"--task link with --reorder {args.reorder}: the edge split is in the "
                          "dataset's own order, which link runs keep")

@@ -56,17 +56,19 @@ class _Share:
 
     shards: list
     input_ids: np.ndarray
+    seed_owner: np.ndarray  #: the member of each of the step's seeds (block order)
 
 
 class GroupedService(MacrobatchService):
     """The macrobatch service of member ``me`` of a g-rank group whose first world rank is
-    ``offset``; ``labels`` = (the group's seed ids sorted, their labels)."""
+    ``offset``; ``labels`` = (the group's seed ids sorted, their labels), or None where the
+    steps read no label (link prediction: a batch's ``y`` is zeros)."""
 
     def __init__(self, topo, store, plan, sampler, cfg, labels, comms, me: int, g: int,
                  offset: int):
-        seed_ids, seed_labels = labels
+        seed_ids, seed_labels = labels if labels is not None else (None, None)
         super().__init__(topo, store, plan, sampler, cfg, seed_labels, comms)
-        self.seed_ids = np.asarray(seed_ids, np.int64)
+        self.seed_ids = None if seed_ids is None else np.asarray(seed_ids, np.int64)
         self.me, self.g, self.offset, self.norm = int(me), int(g), int(offset), sampler.kind
         self.counts_sampling = self.me == 0
 
@@ -78,15 +80,16 @@ class GroupedService(MacrobatchService):
         owner = dst_first_owner(bounds, self.g, prefer)
         shards = [block_shard(b.indptr, b.indices, b.values, owner[:b.num_src], self.me, self.g,
                               self.norm) for b in blocks]
-        return _Share(shards, first.src_ids[shards[0].global_ids])
+        return _Share(shards, first.src_ids[shards[0].global_ids], owner[:blocks[-1].num_dst])
 
     def assemble(self, epoch, step, seeds, blocks, share: _Share, x, stager) -> ReadyBatch:
         last = share.shards[-1]
         mine = seeds[last.global_ids[:last.num_dst]]
-        y = self.labels[torch.from_numpy(np.searchsorted(self.seed_ids, mine))]
+        y = (torch.zeros(mine.shape[0], dtype=torch.int64) if self.seed_ids is None else
+             self.labels[torch.from_numpy(np.searchsorted(self.seed_ids, mine))])
         return ReadyBatch(epoch, step, mine, blocks, None,
                           stager.to_device(x), stager.to_device(y),
-                          share.shards)
+                          share.shards, seed_owner=share.seed_owner)
 
 
 class GroupEngine(DataParallel):

@@ -153,7 +153,8 @@ class ReadyBatch:
     x its owned input rows, y the labels of its owned seeds; ``ops`` is None. ``ready``: the
     CUDA event after which its tensors are on the device (:mod:`.staging`), None elsewhere.
     ``x_dropout``: the drop probability ``x`` already went through (``input_dropout``),
-    else None."""
+    else None. ``seed_owner`` (a group's rank): the member that owns each of ``blocks``'
+    seeds (block order), whose output row it computes."""
 
     epoch: int
     step: int
@@ -165,6 +166,7 @@ class ReadyBatch:
     shards: Optional[list] = None
     ready: Optional[object] = None
     x_dropout: Optional[float] = None
+    seed_owner: Optional[np.ndarray] = None
 
 
 @dataclass

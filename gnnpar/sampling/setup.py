@@ -168,7 +168,8 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
                                                   store.local_index, store.rank)
         train = np.asarray(shard.train_mask)
         seeds = np.asarray(shard.global_ids)[train]
-        if group is not None:
+        labels = None  # a group's (seed ids, labels); another task's steps read none
+        if group is not None and make_plan is None:
             seeds, labels = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
         counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
                                                              "data"))]
@@ -205,7 +206,7 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
         service = MacrobatchService(topo, store, plan, sampler, cfg, y, workers)
         engine = DataParallel(comm, "data")
     else:
-        service = GroupedService(topo, store, plan, sampler, cfg, (seeds, labels), workers,
+        service = GroupedService(topo, store, plan, sampler, cfg, labels, workers,
                                  group.me, group.g, group.offset)
         engine = group.engine(norm, device)
         setup_bytes += group.comm.reset()[0]
