@@ -43,10 +43,16 @@ _LAST = ("loss", "train_acc", "val_acc", "test_acc", "val_auc", "test_auc", "val
          "test_mrr", "test_hits@20", "test_hits@50", "test_hits@100")
 
 
+#: per-epoch counters of a mini-batch run summed into its totals (only where records have
+#: them): what its sampler drew and fetched, and the time it took (:mod:`gnnpar.sampling`)
+SUMMED = ("sampled_edges", "input_nodes", "unique_input_nodes", "feat_bytes", "sampler_s",
+          "stall_s")
+
+
 def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
-    """The last epoch's metrics plus run totals (epochs, time, bytes, peak memory; with
-    per-rank memory, each rank's largest peak, its data bytes and the ratios of those:
-    :func:`gnnpar.memory.merge_rank_peaks`).
+    """The last epoch's metrics plus run totals (epochs, time, bytes, the :data:`SUMMED`
+    counters, peak memory; with per-rank memory, each rank's largest peak, its data bytes
+    and the ratios of those: :func:`gnnpar.memory.merge_rank_peaks`).
 
     ``before``: what this returned for the epochs before ``history`` (a resumed run's, from
     its checkpoint), so the totals cover the whole run and not only the last segment."""
@@ -60,6 +66,7 @@ def final_metrics(history: List[dict], before: Optional[dict] = None) -> dict:
             **{k: last[k] for k in _LAST if k in last},
             "total_s": b.get("total_s", 0.0) + sum(r["epoch_s"] for r in history),
             "comm_bytes": b.get("comm_bytes", 0) + sum(r["comm_bytes"] for r in history),
+            **{k: b.get(k, 0) + sum(r[k] for r in history) for k in SUMMED if k in last},
             "peak_mem_bytes": max(peaks), **merge_rank_peaks([b, *history])}
 
 

@@ -35,7 +35,7 @@ from .models import build_model, sampler_input_dropout
 from .resume import Checkpointing, run_meta
 from .sampling.draws import HASH_GENERATOR
 from .sampling.loop import fit_minibatch
-from .sampling.setup import build_rank, final_sampling, serial_parts
+from .sampling.setup import build_rank, serial_parts
 from .shard_source import (ShardSource, load_graph, load_rank_shard, shard_fingerprint,
                            vertex_order)
 from .spec import RunSpec
@@ -226,7 +226,7 @@ def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0,
                                                         start, opt, memory, step,
                                                         evaluate_on),
         fields, f"minibatch x{world}", [world], module=module,
-        extra_final=lambda history: {**final_sampling(history), **info},
+        extra_final=lambda history: info,  # run totals: logged.final_metrics
         # the device sampler draws other blocks than the host's (counter-based draws, named
         # by their generator: a checkpoint of other draws would not replay the same blocks);
         # host-sampled runs add nothing to the identity

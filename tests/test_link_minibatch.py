@@ -165,7 +165,8 @@ def test_grouped_link_minibatch_trains_through_the_installed_command(tmp_path):
 @pytest.mark.slow
 def test_resumed_link_minibatch_run_logs_what_an_unbroken_one_does(tmp_path):
     """Negatives keyed by epoch, blocks by (seed, epoch, rank, step): 2 epochs, a checkpoint,
-    a resume to 4 give the 4-epoch run's records bit for bit (2 ranks)."""
+    a resume to 4 give the 4-epoch run's records bit for bit (2 ranks), and its final
+    record's sampling totals are the whole run's."""
     argv = ["--task", "link", "--dataset", DATA, "--hidden", "8", "--mode", "minibatch",
             "--fanouts", "4,4", "--batch-size", "32", "--nprocs", "2", "--quiet"]
     half = argv + ["--epochs", "2"]
@@ -175,8 +176,14 @@ def test_resumed_link_minibatch_run_logs_what_an_unbroken_one_does(tmp_path):
                 argv + ["--checkpoint-dir", "ck", "--resume", "--log-json", "cut.jsonl"]):
         res = run_installed("gnnpar-train", *cmd, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
-    whole, cut = ([json.loads(line) for line in open(tmp_path / name) if '"final"' not in line]
+    whole, cut = ([json.loads(line) for line in open(tmp_path / name)]
                   for name in ("whole.jsonl", "cut.jsonl"))
+    (whole, whole_final), (cut, cut_final) = ((r[:-1], r[-1]) for r in (whole, cut))
     assert [r["epoch"] for r in cut] == [0, 1, 2, 3]
     for a, b in zip(whole, cut):
         assert a["loss"] == b["loss"] and a["test_auc"] == b["test_auc"]
+    # the final totals cover both segments of the resumed run, not only the last
+    assert cut_final["epochs"] == whole_final["epochs"] == 4
+    for key in ("sampled_edges", "input_nodes", "unique_input_nodes", "feat_bytes",
+                "comm_bytes"):
+        assert cut_final[key] == whole_final[key] == sum(r[key] for r in whole), key

@@ -225,10 +225,3 @@ def _presample_inputs(topo, sampler: SamplerConfig, plan: EpochPlan, seed: int,
     blocks = BulkSampler(topo, sampler).sample(seeds, rngs,
                                                owners=None if topo.replicated else owners)
     return [b[0].src_ids for b in blocks]
-
-
-def final_sampling(history) -> dict:
-    """Run totals of the sampling fields for the final JSON record."""
-    keys = ("sampled_edges", "input_nodes", "unique_input_nodes", "feat_bytes", "sampler_s",
-            "stall_s")
-    return {k: sum(r[k] for r in history) for k in keys} if history else {}
