@@ -7,6 +7,7 @@ Disk is judged the same way (:func:`check_disk`): what a write needs against the
 of the file system it lands on, before it starts."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -173,6 +174,19 @@ def is_disk_full(exc: BaseException) -> bool:
     an OSError with one of :data:`DISK_FULL_ERRNOS`, or numpy's short write."""
     return isinstance(exc, OSError) and (exc.errno in DISK_FULL_ERRNOS or exc.errno is None
                                          and bool(_SHORT_WRITE.search(str(exc))))
+
+
+@contextlib.contextmanager
+def writing_to(path: str):
+    """Inside: a write that finds the disk full (:func:`is_disk_full`) without naming its
+    file (``fh.write``, ``torch.save`` into a buffer or handle) is given ``path`` as its
+    file name, so the one line the user reads says where."""
+    try:
+        yield
+    except OSError as exc:
+        if is_disk_full(exc) and not exc.filename:
+            exc.filename = str(path)
+        raise
 
 
 def disk_full_message(exc: OSError, where: str = "") -> str:

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from gnnpar.datasets import InputError, owned
+from gnnpar.datasets.limits import writing_to
 from gnnpar.datasets.owned import LOCK_NAME, FolderBusy  # noqa: F401 - shared with shard folders
 from gnnpar.kernels.comm import control_all_reduce
 
@@ -102,7 +103,7 @@ def save_checkpoint(directory: str, state: Mapping[str, Any], step: int, keep: i
     tmp = os.path.join(directory, f".ckpt-{step}.{os.getpid()}.tmp")
     _set_aside_unless_own(final, header["meta"])
     try:
-        with open(tmp, "wb") as fh:
+        with writing_to(final), open(tmp, "wb") as fh:
             fh.write(MAGIC)
             fh.write(json.dumps(header, sort_keys=True).encode() + b"\n")
             fh.write(payload)

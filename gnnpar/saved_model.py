@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.limits import writing_to
 
 from .attention import GAT_HEADS
 from .link.decoders import build_decoder
@@ -65,7 +66,8 @@ def write_model_file(path: str, payload: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        torch.save(payload, tmp)
+        with writing_to(path):
+            torch.save(payload, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gnnpar.datasets import InputError
+from gnnpar.datasets.limits import disk_full_message, is_disk_full
 from gnnpar.kernels.comm import import_dynamo_first, init_process_group
 from gnnpar.kernels.cpu_spmm import size_pool
 
@@ -61,6 +62,8 @@ class RankFailure:
         detail = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         if isinstance(e, InputError):
             return cls("input", str(e), 2, detail)
+        if is_disk_full(e):  # the user's disk, not a bug (as cli_common.run_cli says it)
+            return cls("input", disk_full_message(e), 2, detail)
         if isinstance(e, SystemExit):
             return cls("exit", str(e), e.code if isinstance(e.code, int) else 1, detail)
         return cls("error", str(e), None, detail)

@@ -30,7 +30,7 @@ from gnnpar.partition_cli import main as partition_main
 from gnnpar.plan_cli import main as plan_main
 from gnnpar.train import main as train_main
 
-from .cli_util import ROOT
+from .cli_util import ROOT, installed
 
 TINY = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02"
 MB = ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"]
@@ -283,6 +283,29 @@ def test_file_size_limit_efbig_is_a_full_disk(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "the disk is full" in lines[0] and str(out) in lines[0], lines
     assert not out.exists()
+
+
+def test_a_full_disk_inside_a_spawned_rank_exits_2_naming_the_path(tmp_path):
+    """``ulimit -f`` (RLIMIT_FSIZE, inherited by the ranks) above the shards' files and below
+    a checkpoint's (3 layers of 512: weights and Adam's moments, ~3 MB): a rank's checkpoint
+    write fails with EFBIG inside the spawned world; the installed ``gnnpar-train`` exits 2
+    with one line naming the checkpoint's path (it was 1, an internal error)."""
+    limit = 256 << 10
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    res = subprocess.run([installed("gnnpar-train"), "--dataset",
+                          "sbm:n=200,blocks=2,p_in=0.05,p_out=0.01,feat=8", "--algo", "1d",
+                          "--nprocs", "2", "--hidden", "512", "--layers", "3", "--epochs", "2",
+                          "--checkpoint-dir", "ck", "--quiet"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         preexec_fn=small_files)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("gnnpar-train")]
+    assert len(lines) == 1 and "the disk is full" in lines[0], res.stderr
+    assert any(os.path.join("ck", f"rank-0000{r}", "ckpt-000000000.pt") in lines[0]
+               for r in (0, 1)), lines  # each rank writes its own; the first to fail is named
+    assert "Traceback" not in res.stderr
 
 
 # ---------------------------------------------------------------- a peer lost before joining
