@@ -168,9 +168,10 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
                                                   store.local_index, store.rank)
         train = np.asarray(shard.train_mask)
         seeds = np.asarray(shard.global_ids)[train]
-        labels = None  # a group's (seed ids, labels); another task's steps read none
+        labels = None  # a group's (seed ids, their labels); another task's steps read none
         if group is not None and make_plan is None:
-            seeds, labels = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
+            labels = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
+            seeds = labels[0]
         counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
                                                              "data"))]
     if group is not None:  # every member holds its group's seeds: one count per group
@@ -194,7 +195,7 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
                        input_dropout=input_dropout if group is None else 0.0)
     workers = [(Comm(ProcessGrid.create({"data": world})), "data") for _ in range(cfg.workers)]
     eval_runtime = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)
-    setup_bytes, _, _ = comm.reset()
+    setup_bytes = comm.reset().total_bytes
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": bool(topo.replicated),
             "cache_rows": int(ids.shape[0]), "cache_bytes": store.cache_bytes(),
             "sample_on": placement.sample_on, "features_on": placement.features_on}
@@ -209,7 +210,7 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
         service = GroupedService(topo, store, plan, sampler, cfg, labels, workers,
                                  group.me, group.g, group.offset)
         engine = group.engine(norm, device)
-        setup_bytes += group.comm.reset()[0]
+        setup_bytes += group.comm.reset().total_bytes
         info["layout"] = group.fields()
     info["setup_bytes"] = setup_bytes
     return MiniBatchParts(service, engine, eval_runtime, info)
