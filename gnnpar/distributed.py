@@ -67,7 +67,8 @@ class DistRuntime(RuntimeCollectives):
         + gradient sync since the last call; counters are then reset. Reading the seconds
         resolves the CUDA events of the epoch's collectives (one synchronize)."""
         total_s, timing = self.comm.total_seconds, self.comm.timing
-        _, per_key, seconds = self.comm.reset()
+        counts = self.comm.reset()
+        per_key, seconds = counts.by_key, counts.seconds
         mine = sum(b for (axis, phase), b in per_key.items() if phase in EPOCH_PHASES)
         t = torch.tensor([mine, mine, seconds, total_s], dtype=torch.float64)
         tsum, tmax = self.reducer.sum(t), self.reducer.max(t)

@@ -66,7 +66,7 @@ import sys
 import weakref
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -92,6 +92,14 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 # Device types each single backend carries (gloo and MPI copy CUDA tensors through the host).
 _BACKEND_DEVICES = {"gloo": ("cpu", "cuda"), "mpi": ("cpu", "cuda"), "nccl": ("cuda",)}
+
+
+class CommCounts(NamedTuple):
+    """What :meth:`Comm.reset` returns: the counters since the last reset."""
+
+    total_bytes: int  #: logical bytes sent, every axis and phase
+    by_key: Dict  #: bytes per (axis, phase)
+    seconds: float  #: exposed communication seconds
 
 
 class CommDeviceError(RuntimeError):
@@ -286,10 +294,9 @@ class Comm:
     def total_bytes(self) -> int:
         return sum(self.bytes.values())
 
-    def reset(self) -> Tuple[int, Dict, float]:
-        """Return (total bytes, per-(axis, phase) bytes, exposed seconds) and zero the
-        counters."""
-        out = (self.total_bytes(), dict(self.bytes), self.seconds)
+    def reset(self) -> CommCounts:
+        """Return the counters (:class:`CommCounts`) and zero them."""
+        out = CommCounts(self.total_bytes(), dict(self.bytes), self.seconds)
         self.bytes.clear()
         self.padded.clear()
         self.messages.clear()

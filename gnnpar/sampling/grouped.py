@@ -112,7 +112,8 @@ class GroupEngine(DataParallel):
     def comm_stats(self) -> CommStats:
         world = super().comm_stats()
         timing = timing_name([world.timing, self.group_comm.timing])
-        group_bytes, _, group_s = self.group_comm.reset()
+        counts = self.group_comm.reset()
+        group_bytes, group_s = counts.total_bytes, counts.seconds
         total = world.bytes + group_bytes
         return CommStats(total, total, world.seconds + group_s, timing=timing)
 

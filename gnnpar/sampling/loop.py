@@ -78,7 +78,8 @@ class DataParallel:
         if self.comm is None:
             return CommStats()
         timing = self.comm.timing  # before the reset forgets it
-        nbytes, _, seconds = self.comm.reset()
+        counts = self.comm.reset()
+        nbytes, seconds = counts.total_bytes, counts.seconds
         return CommStats(nbytes, nbytes, seconds, timing=timing)
 
 
