@@ -59,8 +59,9 @@ def test_link_runs_agree_serial_and_distributed(tmp_path):
     (["--task", "link", "--decoder", "cosine"], "unknown decoder 'cosine'"),
     (["--task", "link", "--decoder", "nowhere:make"], "--decoder nowhere:make: cannot import"),
     (["--task", "link", "--save-predictions", "p"], "link runs write no node predictions"),
-    (["--task", "link", "--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8",
-      "--algo", "1d", "--group-size", "1"], "link mini batch runs data parallel only"),
+    (["--task", "link", "--partition-dir", "shards"],
+     "shards written before do not carry the edge split"),
+    (["--task", "link", "--reorder", "rcm"], "the edge split is in the dataset's own order"),
     (["--task", "link", "--dataset", "sbm:n=6,blocks=2,p_in=0.3,p_out=0.01"], "too few"),
 ])
 def test_bad_link_input_exits_2_with_one_line(tmp_path, argv, says):
