@@ -132,6 +132,19 @@ class BlockShard(LocalRows):
     meta: dict = field(default_factory=dict)
 
 
+def member_rows(owner: np.ndarray, g: int):
+    """``(local_of, by_owner, starts)`` of ids ``[0, len(owner))`` owned by members
+    ``owner`` of ``g``: each id's row among its member's ids ascending, the ids grouped by
+    member (ascending inside), and where each member's group starts (g+1,)."""
+    owner = np.asarray(owner, np.int64)
+    counts = np.bincount(owner, minlength=g).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    by_owner = np.argsort(owner, kind="stable")
+    local_of = np.empty(owner.shape[0], np.int64)
+    local_of[by_owner] = np.arange(owner.shape[0]) - starts[owner[by_owner]]
+    return local_of, by_owner, starts
+
+
 def block_shard(indptr, indices, values, owner: np.ndarray, me: int, g: int, norm: str
                 ) -> BlockShard:
     """Rank ``me``'s :class:`BlockShard` of the block (``indptr`` (n_dst+1,), ``indices``
@@ -141,11 +154,7 @@ def block_shard(indptr, indices, values, owner: np.ndarray, me: int, g: int, nor
     indptr, indices = np.asarray(indptr, np.int64), np.asarray(indices, np.int64)
     values = np.asarray(values, np.float32)
     n_src, n_dst = int(owner.shape[0]), int(indptr.shape[0]) - 1
-    counts = np.bincount(owner, minlength=g).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    by_owner = np.argsort(owner, kind="stable")
-    local_of = np.empty(n_src, np.int64)
-    local_of[by_owner] = np.arange(n_src) - starts[owner[by_owner]]
+    local_of, by_owner, starts = member_rows(owner, g)
     mine = by_owner[starts[me]:starts[me + 1]]
     my_dst = mine[mine < n_dst]
     n_local = int(mine.shape[0])

@@ -15,9 +15,9 @@ shuffles them per epoch and splits them into the same number of steps as every o
 (:class:`gnnpar.sampling.seeds.EpochPlan`). Grouped (``--algo A --group-size g``,
 :mod:`gnnpar.sampling.grouped`), the plan's ranks are the d groups: the g members of group k
 share its steps and each scores the pairs whose source it owns (:func:`link_minibatch_step`).
-Evaluation runs the encoder over the whole
-training graph with the exact Â (full neighbourhood, no sampling) and scores the held-out
-pairs as the full-batch loop does (:func:`gnnpar.link.loop.evaluate_link`).
+Evaluation runs the encoder over the whole training graph with the exact Â (full
+neighbourhood, no sampling) and scores the held-out pairs as the full-batch loop does
+(:func:`gnnpar.link.loop.evaluate_link`).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from gnnpar.interfaces import LayerOps
+from gnnpar.kernels.bipartite import member_rows
 from gnnpar.precision import autocast, matmuls
 from gnnpar.sampling.seeds import EpochPlan
 
@@ -94,28 +95,29 @@ def _rows(z: torch.Tensor, nodes: np.ndarray, pairs: np.ndarray):
     return z.index_select(0, at[0]), z.index_select(0, at[1])
 
 
-def group_exchange(group_comm, batch) -> Tuple[PairExchange, np.ndarray]:
-    """A group member's :class:`~gnnpar.link.exchange.PairExchange` over the step's seeds
-    (block-local ids ``[0, S)``: every member knows who owns each, ``batch.seed_owner``, so
-    the directory costs no communication; a member's rows are its owned ids ascending, as
-    its encoder output holds them) and the seeds' global ids (block order)."""
-    owner = np.asarray(batch.seed_owner, np.int64)
-    axes = tuple(group_comm.grid.shape)
-    me = group_comm.grid.ranks_of(axes).index(group_comm.grid.rank)
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=len(group_comm.grid.ranks_of(axes)))
-    local = np.empty(owner.shape[0], np.int64)
-    local[order] = np.arange(owner.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)
-    ids = np.asarray(batch.blocks[-1].src_ids[:owner.shape[0]], np.int64)
-    return PairExchange(group_comm, axes, owner, local, me, int(counts[me])), ids
+class _GroupPairs:
+    """A group member's view of a step's pairs: the
+    :class:`~gnnpar.link.exchange.PairExchange` over the step's seeds (block-local ids
+    ``[0, S)``; every member knows who owns each, ``batch.seed_owner``, so the directory
+    costs no communication, and a member's rows are its owned ids ascending, as its encoder
+    output holds them) and the map from the seeds' global ids to those block-local ids."""
 
+    def __init__(self, group_comm, batch):
+        owner = np.asarray(batch.seed_owner, np.int64)
+        axes = tuple(group_comm.grid.shape)
+        members = group_comm.grid.ranks_of(axes)
+        me = members.index(group_comm.grid.rank)
+        local, _, starts = member_rows(owner, len(members))
+        self.exchange = PairExchange(group_comm, axes, owner, local, me,
+                                     int(starts[me + 1] - starts[me]))
+        self.ids = np.asarray(batch.blocks[-1].src_ids[:owner.shape[0]], np.int64)
+        self.order = np.argsort(self.ids, kind="stable")
 
-def _group_scores(decoder, z, exchange: PairExchange, ids: np.ndarray, pairs: np.ndarray):
-    """Scores of the pairs (global ids) whose source this member owns; collective over the
-    group (the other endpoints' rows come from their owners)."""
-    order = np.argsort(ids, kind="stable")
-    at = order[np.searchsorted(ids, pairs, sorter=order)]
-    return decoder(*exchange.rows(z, at[:, exchange.owns(at[0])]))
+    def scores(self, decoder, z, pairs: np.ndarray) -> torch.Tensor:
+        """Scores of the ``pairs`` (global ids) whose source this member owns; collective
+        over the group (the other endpoints' rows come from their owners)."""
+        at = self.order[np.searchsorted(self.ids, pairs, sorter=self.order)]
+        return decoder(*self.exchange.rows(z, at[:, self.exchange.owns(at[0])]))
 
 
 def link_minibatch_step(encoder, decoder, opt, engine, batch, plan: LinkPlan,
@@ -138,9 +140,8 @@ def link_minibatch_step(encoder, decoder, opt, engine, batch, plan: LinkPlan,
             loss = summed_link_loss(decoder(*_rows(z, batch.seeds, pos)),
                                     decoder(*_rows(z, batch.seeds, neg)))
         else:
-            exchange, ids = group_exchange(engine.group_comm, batch)
-            loss = summed_link_loss(_group_scores(decoder, z, exchange, ids, pos),
-                                    _group_scores(decoder, z, exchange, ids, neg))
+            group = _GroupPairs(engine.group_comm, batch)
+            loss = summed_link_loss(group.scores(decoder, z, pos), group.scores(decoder, z, neg))
         (loss / max(plan.global_count(batch.step), 1)).backward()
     engine.sync_grads([p for m in (encoder, decoder) for p in m.parameters()])
     opt.step()

@@ -168,10 +168,10 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
                                                   store.local_index, store.rank)
         train = np.asarray(shard.train_mask)
         seeds = np.asarray(shard.global_ids)[train]
-        labels = None  # a group's (seed ids, their labels); another task's steps read none
+        group_seeds = None  # a group's (seed ids, their labels); another task's steps read none
         if group is not None and make_plan is None:
-            labels = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
-            seeds = labels[0]
+            group_seeds = group.gather_seeds(seeds, np.asarray(shard.y, np.int64)[train])
+            seeds = group_seeds[0]
         counts = [int(c) for c in torch.cat(comm.all_gather(torch.tensor([seeds.shape[0]]),
                                                              "data"))]
     if group is not None:  # every member holds its group's seeds: one count per group
@@ -207,7 +207,7 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
         service = MacrobatchService(topo, store, plan, sampler, cfg, y, workers)
         engine = DataParallel(comm, "data")
     else:
-        service = GroupedService(topo, store, plan, sampler, cfg, labels, workers,
+        service = GroupedService(topo, store, plan, sampler, cfg, group_seeds, workers,
                                  group.me, group.g, group.offset)
         engine = group.engine(norm, device)
         setup_bytes += group.comm.reset().total_bytes
