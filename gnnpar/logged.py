@@ -358,8 +358,7 @@ def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -
               f"{spec.epochs}: finishing the run's outputs", file=sys.stderr)
     log = JsonLog(spec.log_json if lead else None, resume_epoch=start if start > 0 else None)
     bar = progress(spec.epochs - start, desc, lead and not spec.quiet)
-    prof = EpochProfiler(getattr(spec, "profile", None), getattr(spec, "profile_dir", "."),
-                         spec.quiet)
+    prof = EpochProfiler(spec.profile, spec.profile_dir, spec.quiet)
     prof.maybe_start(start)
     totals = before
 

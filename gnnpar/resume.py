@@ -316,27 +316,24 @@ def _rank_dirs(base: str):
 def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
     """The run identity: what a checkpoint folder and each checkpoint must match to be
     resumed by this run (JSON values)."""
-    mode = getattr(spec, "mode", "fullbatch") or "fullbatch"
-    task = getattr(spec, "task", "node")  # spec: a RunSpec, or the parsed flags (resume checks)
+    mode, task = spec.mode, spec.task  # spec: a RunSpec, or gnnpar-train's parsed flags
     meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": spec.algo,
             "mode": mode, "model": spec.model, "layers": int(spec.layers),
             "hidden": int(spec.hidden), "dropout": float(spec.dropout),
             "fingerprint": fingerprint, "seed": int(spec.seed), "lr": float(spec.lr),
             "weight_decay": float(default_weight_decay(task) if spec.weight_decay is None
                                   else spec.weight_decay),
-            "variant": getattr(spec, "variant", None),
-            "replication": getattr(spec, "replication", None)}
+            "variant": spec.variant, "replication": spec.replication}
     meta.update(attention_settings(spec))
     if task == "link":  # node runs add nothing: old checkpoints fit
         meta.update({"task": "link", "link_split": spec.link_split,
                      "neg_ratio": int(spec.neg_ratio), "decoder": spec.decoder})
     if mode == "minibatch":
-        macro = getattr(spec, "macrobatch", None)
+        macro = spec.macrobatch
         meta.update({"fanouts": list(parse_fanouts(spec.fanouts)),
                      "batch_size": int(spec.batch_size),
                      "macrobatch": 1 if macro is None else int(macro),
-                     "group_size": getattr(spec, "group_size", None),
-                     "replace": bool(getattr(spec, "replace", False))})
+                     "group_size": spec.group_size, "replace": bool(spec.replace)})
     return meta
 
 
@@ -347,7 +344,7 @@ def attention_settings(spec) -> dict:
     models."""
     if spec.model != "gat":
         return {}
-    heads, attn = getattr(spec, "heads", None), getattr(spec, "attn_dropout", None)
+    heads, attn = spec.heads, spec.attn_dropout
     return {"heads": int(GAT_HEADS if heads is None else heads),
             "attn_dropout": float(spec.dropout if attn is None else attn)}
 

@@ -65,11 +65,10 @@ def load_graph(spec) -> Graph:
     link-property folder (``meta["task"]``) is refused."""
     graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
                          cache_dir=spec.cache_dir)
-    task = getattr(spec, "task", "node")  # a spec-like Namespace may have no task
-    if task != "link" and graph.meta.get("task") == "link":
+    if spec.task != "link" and graph.meta.get("task") == "link":
         raise InputError(f"{spec.dataset} is a link-property dataset (an edge split, no node "
                          "labels): train it with --task link")
-    if task == "link":
+    if spec.task == "link":
         given = given_arrays(spec.dataset or DEFAULT_SPEC)
         if given and spec.link_split != DEFAULT_SPLIT:
             raise InputError(f"--link-split: {spec.dataset} carries its own split, "
@@ -83,8 +82,7 @@ def load_graph(spec) -> Graph:
 def vertex_order(spec) -> str:
     """The order ``spec``'s graph is loaded in: ``--reorder``, with an ``auto`` that
     :func:`resolve_reorder` did not settle read as ``none``."""
-    how = getattr(spec, "reorder", "none")
-    return "none" if how == "auto" else how
+    return "none" if spec.reorder == "auto" else spec.reorder
 
 
 def resolve_reorder(spec, serial_fullbatch: bool):
@@ -93,9 +91,9 @@ def resolve_reorder(spec, serial_fullbatch: bool):
     step times), ``none`` otherwise — no gain is shown for mini batch and distributed runs,
     and the ``block`` partitioner would put every hub on one rank; a ``--task link`` run keeps
     the dataset's order, the order of its edge split."""
-    if getattr(spec, "reorder", "none") != "auto":
+    if spec.reorder != "auto":
         return spec
-    serial_fullbatch = serial_fullbatch and getattr(spec, "task", "node") == "node"
+    serial_fullbatch = serial_fullbatch and spec.task == "node"
     return spec.evolve(reorder="degree" if serial_fullbatch and not has_shards(spec) else "none")
 
 

@@ -124,12 +124,10 @@ class RunSpec:
                   if hasattr(args, f.name)}
         values.update(attention_settings(args))
         values["device"] = str(pick_device(args.device))
-        if getattr(args, "mode", None) == "minibatch":  # every rank resolves them alike
+        if args.mode == "minibatch":  # every rank resolves them alike
             values["macrobatch"], values["prefetch"] = pipeline_depth(
-                getattr(args, "macrobatch", None), getattr(args, "prefetch", None),
-                getattr(args, "sampler_workers", None),
-                host_samples=(getattr(args, "sample_on", "auto") == "host"
-                              or values["device"] == "cpu"))
+                args.macrobatch, args.prefetch, args.sampler_workers,
+                host_samples=args.sample_on == "host" or values["device"] == "cpu")
         values["grid_dims"] = parse_grid(args.grid) if args.grid else None
         if args.fanouts is not None:
             values["fanouts"] = parse_fanouts(args.fanouts)

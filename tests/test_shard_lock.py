@@ -3,7 +3,6 @@ trainers filling one empty ``--partition-dir``, started a few milliseconds apart
 each other's part folders nor take gnnpar's own temporary files for a stranger's. The second
 partitioner exits 2 naming the holder; the second trainer waits and uses the shards the first
 wrote. Raced in two long-lived worker processes, 24 rounds with random delays."""
-import argparse
 import contextlib
 import io
 import multiprocessing as mp
@@ -20,6 +19,7 @@ from gnnpar.datasets import InputError
 from gnnpar.datasets.owned import LOCK_NAME
 from gnnpar.partitioners import load_shard, read_meta
 from gnnpar.partitioners.shard_folder import shard_writer
+from gnnpar.spec import RunSpec
 
 from .cli_util import ROOT
 
@@ -29,8 +29,8 @@ ROUNDS = 24
 
 
 def _args(out):
-    return argparse.Namespace(dataset=SPEC, directed=False, cache_dir=None, partition_dir=out,
-                              quiet=True, partitioner="block", seed=0, reorder="none")
+    return RunSpec(dataset=SPEC, partition_dir=out, quiet=True, partitioner="block", seed=0,
+                   reorder="none")
 
 
 def _worker(jobs, results):
