@@ -43,27 +43,13 @@ the host, CUDA events for CUDA tensors, where NCCL never blocks the host
 (:mod:`gnnpar.kernels.comm_timing`: how each is read, and its limitations).
 :attr:`Comm.timing` names what the counts since the last reset used.
 
-**The device rule.** This module is the only caller of ``torch.distributed`` collectives
-(``tests/test_comm_rule.py`` fails on any other). Every call goes through one checked
-entry that refuses a tensor whose device type the process group has no backend for, so the
-mistake is a clear :class:`CommDeviceError` on any machine instead of NCCL's "No backend type
-associated with device type cpu" on a GPU cluster. Process groups that use NCCL are created
-with a backend per device type (:func:`process_group_backend`: ``cpu:gloo,cuda:nccl``), so
-host-side tensors (index plans, counts, metrics) travel on gloo and CUDA tensors on NCCL;
-groups made by ``new_group`` inherit it.
-
-Two switches for tests: ``GNNPAR_COMM_STRICT=1`` makes any ``torch.distributed`` collective
-called from another gnnpar module raise :class:`CommRuleError` at once (the test suite sets
-it for every process it starts); ``GNNPAR_COMM_AUDIT=PATH`` appends one JSON line per
-collective (operation, devices, dtypes, phase, backend, caller) to ``PATH.<pid>``.
+**The device rule.** This module is the only caller of ``torch.distributed`` collectives,
+and each call is checked first (:mod:`gnnpar.kernels.comm_rule`: the rule, its strict
+and audit switches); process groups are made with a backend for every device type
+(:mod:`gnnpar.kernels.process_group`).
 """
 from __future__ import annotations
 
-import importlib
-import json
-import os
-import sys
-import weakref
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -71,18 +57,17 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from .comm_timing import (STREAM_ORDERED_BACKENDS, CudaEventTimer, Flight, HostTimer,
-                          cuda_device, timing_name)
+from .comm_rule import AUDIT_ENV, DIST_CALLS, CommDeviceError, CommRuleError, checked
+from .comm_timing import CudaEventTimer, Flight, HostTimer, cuda_device, timing_name
 from .grid import ProcessGrid
+from .process_group import (device_routes, import_dynamo_first, process_group_backend,
+                            stream_ordered)
 
+# the rule's and the process groups' names, importable from here as before
+__all__ = ["AUDIT_ENV", "DIST_CALLS", "WIRE_DTYPES", "WIRE_PHASES", "Comm", "CommCounts",
+           "CommDeviceError", "CommRuleError", "Pending", "control_all_reduce", "device_routes",
+           "import_dynamo_first", "init_process_group", "process_group_backend"]
 
-AUDIT_ENV, STRICT_ENV = "GNNPAR_COMM_AUDIT", "GNNPAR_COMM_STRICT"
-# The torch.distributed calls only this module makes (tests/test_comm_rule.py reads it).
-DIST_CALLS = ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-              "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast",
-              "broadcast_object_list", "gather", "gather_object", "init_process_group",
-              "irecv", "isend", "monitored_barrier", "recv", "reduce", "reduce_scatter",
-              "reduce_scatter_tensor", "scatter", "scatter_object_list", "send")
 #: ``--comm-dtype`` names → the wire dtype (None: tensors travel as they are)
 WIRE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: phases whose floating tensors travel in the wire dtype (``--comm-dtype``)
@@ -90,8 +75,6 @@ WIRE_PHASES = ("forward", "backward", "eval")
 #: dtypes whose sums are taken in fp32 after the exchange, never on the wire
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-# Device types each single backend carries (gloo and MPI copy CUDA tensors through the host).
-_BACKEND_DEVICES = {"gloo": ("cpu", "cuda"), "mpi": ("cpu", "cuda"), "nccl": ("cuda",)}
 
 
 class CommCounts(NamedTuple):
@@ -102,132 +85,10 @@ class CommCounts(NamedTuple):
     seconds: float  #: exposed communication seconds
 
 
-class CommDeviceError(RuntimeError):
-    """A collective was handed a tensor on a device its process group cannot carry."""
-
-
-class CommRuleError(RuntimeError):
-    """A gnnpar module called a ``torch.distributed`` collective itself (strict mode)."""
-
-
-def _guard(name: str, fn):
-    def guarded(*args, **kw):
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller.startswith("gnnpar") and caller != __name__:
-            raise CommRuleError(f"{caller} called torch.distributed.{name} directly; every "
-                                "collective goes through gnnpar.kernels.comm (counted, checked)")
-        return fn(*args, **kw)
-    guarded.gnnpar_guarded = True
-    return guarded
-
-
-def _install_strict_guards() -> None:
-    for name in DIST_CALLS:
-        fn = getattr(dist, name, None)
-        if fn is not None and not getattr(fn, "gnnpar_guarded", False):
-            setattr(dist, name, _guard(name, fn))
-
-
-def process_group_backend(name: str) -> str:
-    """The backend string to create a process group with for the backend ``name``.
-
-    NCCL carries only CUDA tensors, and a run on GPUs still reduces host-side values
-    (metrics, agreement flags, index plans), so a backend without a CPU route gets gloo for
-    CPU tensors: ``nccl`` becomes ``cpu:gloo,cuda:nccl`` — one process group, a backend per
-    device type (torch routes each tensor by its device). gloo and MPI carry both device types
-    themselves and stay as they are. (``cuda:gloo``, a CUDA-only group like NCCL's that a
-    CPU-only machine can build, becomes ``cpu:gloo,cuda:gloo``: the tests use it.)
-    """
-    routes = device_routes(name)
-    if "cpu" in routes:
-        return name
-    return ",".join(f"{d}:{b}" for d, b in {"cpu": "gloo", **routes}.items())
-
-
 def init_process_group(backend: str, **kw) -> None:
     """``torch.distributed.init_process_group`` with :func:`process_group_backend`'s string
     (the launchers' one way in, so no process group is ever created NCCL-only)."""
     dist.init_process_group(process_group_backend(backend), **kw)
-
-
-def import_dynamo_first() -> None:
-    """Import ``torch._dynamo`` now, before the default process group exists, in a rank that
-    will build a torch optimizer. Imported after the group exists (torch.optim's constructors
-    import it), it keeps ten references to that group (measured, torch 2.13), so
-    ``destroy_process_group`` cannot free it: its gloo threads and rank 0's rendezvous store
-    then live on into interpreter exit, whose teardown of them can abort the process
-    ("terminate called without an active exception", seen under ``mpirun``). The import
-    takes about a second, so ranks that train no model (tests of the kernels) skip it."""
-    try:
-        importlib.import_module("torch._dynamo")
-    except Exception:  # noqa: BLE001 - a torch without dynamo holds no such references
-        pass
-
-
-def device_routes(backend: str) -> Dict[str, str]:
-    """``{device type: backend}`` of a backend string as :func:`torch.distributed.get_backend`
-    gives it (``"gloo"``, ``"nccl"`` or ``"cpu:gloo,cuda:nccl"``)."""
-    backend = str(backend).lower()
-    if ":" in backend:
-        return dict(part.split(":", 1) for part in backend.split(","))
-    return {d: backend for d in _BACKEND_DEVICES.get(backend, ("cpu", "cuda"))}
-
-
-#: by process group, weakly: a group that ``destroy_process_group`` let go must really go (a
-#: cached one kept its gloo threads and rank 0's rendezvous store alive until interpreter exit,
-#: where their teardown could abort the process: "terminate called without an active exception")
-_ROUTES: "weakref.WeakKeyDictionary[object, Tuple[str, Dict[str, str]]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def _routes_of(group) -> Tuple[str, Dict[str, str]]:
-    """(backend string, routes) of ``group`` (None: the world), looked up once per group."""
-    key = group if group is not None else dist.group.WORLD
-    routes = _ROUTES.get(key)
-    if routes is None:
-        backend = str(dist.get_backend(group))
-        routes = _ROUTES[key] = backend, device_routes(backend)
-    return routes
-
-
-def _stream_ordered(group, tensors) -> bool:
-    """Whether the collective on ``tensors`` runs on a backend whose future completes at the
-    enqueue (NCCL for CUDA tensors) rather than when the data has arrived."""
-    device = cuda_device(tensors)
-    return device is not None and _routes_of(group)[1].get("cuda") in STREAM_ORDERED_BACKENDS
-
-
-def _outside_caller() -> str:
-    f = sys._getframe(1)
-    while f is not None and f.f_globals.get("__name__") == __name__:
-        f = f.f_back
-    return "?" if f is None else f"{f.f_globals.get('__name__')}:{f.f_code.co_name}"
-
-
-def _audit(op: str, tensors, backend: str, phase: str) -> None:
-    path = os.environ.get(AUDIT_ENV)
-    if not path:
-        return
-    rec = {"op": op, "phase": phase, "backend": backend,
-           "devices": sorted({t.device.type for t in tensors}),
-           "dtypes": sorted({str(t.dtype) for t in tensors}), "caller": _outside_caller()}
-    with open(f"{path}.{os.getpid()}", "a") as f:
-        f.write(json.dumps(rec) + "\n")
-
-
-def _collective(what: str, tensors, group, phase: str, call):
-    """The one place a ``torch.distributed`` collective runs: check that the group has a
-    backend for every tensor's device type, record it when auditing, then call it."""
-    backend, routes = _routes_of(group)
-    for t in tensors:
-        if t.device.type not in routes:
-            raise CommDeviceError(
-                f"{what} was given a {t.device.type} tensor ({t.dtype}, shape "
-                f"{tuple(t.shape)}, phase {phase}, from {_outside_caller()}) but the process "
-                f"group's backend {backend!r} carries only {', '.join(sorted(routes))} "
-                "tensors; create the group with gnnpar.kernels.comm.process_group_backend()")
-    _audit(what, tensors, backend, phase)
-    return call()
 
 
 def control_all_reduce(t: torch.Tensor, op: str = "sum", group=None,
@@ -238,13 +99,9 @@ def control_all_reduce(t: torch.Tensor, op: str = "sum", group=None,
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return t
     out = t.clone()
-    _collective("all_reduce", [out], group, phase,
-                lambda: dist.all_reduce(out, op=_REDUCE_OPS[op], group=group))
+    checked("all_reduce", [out], group, phase,
+            lambda: dist.all_reduce(out, op=_REDUCE_OPS[op], group=group))
     return out
-
-
-if os.environ.get(STRICT_ENV) == "1":
-    _install_strict_guards()
 
 
 def _row_numel(t: torch.Tensor) -> int:
@@ -353,7 +210,7 @@ class Comm:
         """Run a blocking collective: all of its time is exposed."""
         timer = self._timer(tensors)
         start = timer.now()
-        out = _collective(what, tensors, group, self.phase, call)
+        out = checked(what, tensors, group, self.phase, call)
         timer.add(start, timer.now(), exposed=True, total=True)
         return out
 
@@ -363,10 +220,10 @@ class Comm:
         is handed where the backend's future completes at the enqueue (NCCL), on the host's
         moment where it completes when the data has arrived (gloo, MPI)."""
         timer = self._timer(tensors)
-        stream_ordered = _stream_ordered(group, tensors)
-        flight = Flight(timer, timer.now(), stream_ordered)
+        ordered = stream_ordered(group, tensors)
+        flight = Flight(timer, timer.now(), ordered)
         with self._exposed(timer):
-            work = _collective(what, tensors, group, self.phase, call)
+            work = checked(what, tensors, group, self.phase, call)
         try:
             work.get_future().then(flight.land)
         except (AttributeError, RuntimeError):  # a backend without futures: wait() marks it
