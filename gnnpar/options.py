@@ -59,16 +59,6 @@ def algo_only() -> dict:
     return out
 
 
-def __getattr__(name: str):
-    """``ALGOS`` (:func:`algo_choices`) and ``ALGO_ONLY`` (:func:`algo_only`), read from the
-    registry when asked for, so an algorithm registered at run time is included."""
-    if name == "ALGOS":
-        return algo_choices()
-    if name == "ALGO_ONLY":
-        return algo_only()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def add_data_args(p: argparse.ArgumentParser):
     """The ``data`` flags (``gnnpar-train`` and ``gnnpar-predict``); returns the group."""
     d = p.add_argument_group("data")

@@ -16,8 +16,8 @@ input rows it owns in the next layer: no redistribution between layers.
 
 Each rank's :class:`BlockShard` looks like a partitioner shard of S (own rows, columns local
 then halo, send/receive lists) with the block's sampled Â values (never renormalised), so
-``build_operator(algo, shard, comm, norm)`` builds any full-batch algorithm on the group's
-sub-grid (:meth:`gnnpar.kernels.entry.Algorithm.make_group_grid`) and
+the registry entry's ``get(algo).build(shard, comm, norm)`` builds any full-batch algorithm
+on the group's sub-grid (:meth:`gnnpar.kernels.entry.Algorithm.make_group_grid`) and
 :class:`BipartiteOperator` hands the layer only its ``num_dst`` destination rows
 (``op.num_dst``, the models' contract).
 

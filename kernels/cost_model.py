@@ -87,13 +87,6 @@ __all__ = ["Structure", "Machine", "spmm_widths", "param_count", "allreduce_byte
            "run_options", "run_structure"]
 
 
-def __getattr__(name: str):
-    """``ALGOS``: the algorithms with a cost-model entry, read from the registry."""
-    if name == "ALGOS":
-        return cost_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _cost(algo: str) -> Cost:
     entry = get(algo)
     if entry.cost is None:

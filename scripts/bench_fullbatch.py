@@ -37,7 +37,7 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
     from gnnpar.datasets import load_dataset
     from gnnpar.distributed import DistRuntime
     from gnnpar.kernels.algorithms import get as algorithm
-    from gnnpar.kernels.build import make_grid
+    from gnnpar.kernels.algorithms import make_grid
     from gnnpar.kernels.grid import parse_grid
     from gnnpar.memory import local_peak_bytes
     from gnnpar.models import GNN

@@ -9,7 +9,7 @@ import copy
 import torch
 
 from gnnpar.distributed import EPOCH_PHASES, DistRuntime
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.models import GNN
 from gnnpar.partitioners import partition_graph

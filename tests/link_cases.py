@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from gnnpar.distributed import DistRuntime
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.link.decoders import build_decoder
 from gnnpar.link.exchange import PairExchange
 from gnnpar.link.loop import fit_link

@@ -15,7 +15,7 @@ import torch
 from gnnpar.datasets.reorder import reorder
 from gnnpar.distributed import DistRuntime
 from gnnpar.interfaces import LayerOps
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard

@@ -22,7 +22,7 @@ import torch
 
 from gnnpar.distributed import DistRuntime
 from gnnpar.kernels.algorithms import get
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.cost_terms import Structure
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard

@@ -14,7 +14,7 @@ import time
 import torch
 
 from gnnpar.distributed import DistRuntime
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import Comm, control_all_reduce
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.models import GNN

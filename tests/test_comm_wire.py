@@ -17,7 +17,7 @@ import torch
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.distributed import DistRuntime
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES, Comm
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.models import GNN

@@ -18,7 +18,7 @@ import torch
 
 from gnnpar.distributed import EPOCH_PHASES, DistRuntime
 from gnnpar.kernels.algorithms import get
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES
 from gnnpar.kernels.cost_terms import gat_kind
 from gnnpar.kernels.cost_model import (Machine, Structure, candidates, epoch_traffic, predict,

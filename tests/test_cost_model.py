@@ -7,10 +7,9 @@ import torch
 
 from gnnpar.datasets import InputError
 from gnnpar.distributed import EPOCH_PHASES, DistRuntime
-from gnnpar.kernels.algorithms import ALGORITHMS
-from gnnpar.kernels.build import grid_shape, make_grid
+from gnnpar.kernels.algorithms import ALGORITHMS, cost_names, get, make_grid
 from gnnpar.kernels.comm import Comm
-from gnnpar.kernels.cost_model import (ALGOS, Machine, Structure, epoch_traffic, epoch_work,
+from gnnpar.kernels.cost_model import (Machine, Structure, epoch_traffic, epoch_work,
                                        estimate_traffic, param_count, predict, rank_algorithms,
                                        spmm_widths)
 from gnnpar.kernels.cost_terms import (Cost, LinearCounts, gather_padding, per_feature,
@@ -83,7 +82,7 @@ def test_3d_exact_grows_with_depth_axis_a_traffic():
 def test_plan_papers100m_scale(world):
     n, m = 111_059_956, 1_615_685_872
     rows = rank_algorithms(n, m, [128, 256, 256, 172], world, mem_cap=80e9)
-    assert {r["algo"] for r in rows} == set(ALGOS) - {"4d"}
+    assert {r["algo"] for r in rows} == set(cost_names()) - {"4d"}
     fits = [r for r in rows if r["fits"]]
     assert fits and all(r["memory"] <= 80e9 for r in fits)
     assert [r["time_s"] for r in fits] == sorted(r["time_s"] for r in fits)
@@ -108,11 +107,11 @@ def test_4d_full_batch_needs_d1():
 
 def test_grid_shape_errors():
     with pytest.raises(InputError, match="must divide"):
-        grid_shape("1.5d", 6, replication=4)
+        get("1.5d").grid(6, replication=4)
     with pytest.raises(InputError, match="2d needs"):
-        grid_shape("2d", 6, (1, 2, 3))
-    assert grid_shape("1.5d", 8, replication=2) == {"row": 4, "replica": 2}
-    assert grid_shape("4d", 8, (2, 2, 2)) == {"data": 1, "row": 2, "col": 2, "depth": 2}
+        get("2d").grid(6, (1, 2, 3))
+    assert get("1.5d").grid(8, replication=2) == {"row": 4, "replica": 2}
+    assert get("4d").grid(8, (2, 2, 2)) == {"data": 1, "row": 2, "col": 2, "depth": 2}
 
 
 # ----------------------------------------------------------------- the busiest rank decides

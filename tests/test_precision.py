@@ -24,7 +24,7 @@ from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.distributed import DistRuntime
 from gnnpar.kernels import cpu_spmm
-from gnnpar.kernels.build import make_grid
+from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.cpu_spmm import csr_mm
 from gnnpar.kernels.local import SparseOperator, csr_tensor
 from gnnpar.models import GNN, build_model

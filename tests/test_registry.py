@@ -12,8 +12,8 @@ import torch
 from gnnpar.datasets import InputError
 from gnnpar.distributed import DistRuntime
 from gnnpar.kernels import cost_model
-from gnnpar.kernels.algorithms import (ALGORITHMS, get, group_grid_shape, make_grid, names,
-                                       register)
+from gnnpar.kernels.algorithms import (ALGORITHMS, cost_names, get, group_grid_shape,
+                                       make_grid, names, register)
 from gnnpar.kernels.cost_terms import Cost, Structure
 from gnnpar.kernels.entry import LAYOUT_FLAGS, Algorithm, GroupRule
 from gnnpar.kernels.grid import AXES
@@ -99,7 +99,7 @@ def test_cli_choices_and_flag_rules_come_from_the_registry():
 
 
 def test_cost_model_and_auto_come_from_the_registry():
-    assert cost_model.ALGOS == tuple(n for n, a in ALGORITHMS.items() if a.cost)
+    assert cost_names() == tuple(n for n, a in ALGORITHMS.items() if a.cost)
     auto = {n for n, a in ALGORITHMS.items() if a.cost and a.cost.candidates}
     assert {algo for algo, _, _ in cost_model.candidates(12)} == auto == set(BUILTIN) - {"4d"}
     rows = cost_model.rank_algorithms(10**5, 10**6, [16, 32, 4], 12)

@@ -3,7 +3,7 @@ distributed SpMM, d = world / g groups train data parallel.
 
 ``--algo {1d,1d-halo,1.5d,2d,3d} --group-size g`` (2d/3d: ``--grid`` of g ranks) and
 ``--algo 4d --grid DxPXxPYxPZ`` (D groups of a PX×PY×PZ cube, AxoNN's 4D). Ranks
-``[k·g, (k+1)·g)`` form group k (:func:`gnnpar.kernels.build.make_group_grid`).
+``[k·g, (k+1)·g)`` form group k (:func:`gnnpar.kernels.algorithms.make_group_grid`).
 
 Per step, in group k:
 
