@@ -203,9 +203,8 @@ def test_train_partition_dir_with_user_files_exits_2(tmp_path):
 
 # ------------------------------------------------------------------ item 4: --dataset vs shards
 def _args(**kw):
-    import argparse
-    base = dict(dataset=None, directed=False, cache_dir=None, partition_dir=None)
-    return argparse.Namespace(**{**base, **kw})
+    from gnnpar.spec import RunSpec
+    return RunSpec(**kw)
 
 
 def test_partition_dir_must_hold_the_given_dataset(shards, monkeypatch):
