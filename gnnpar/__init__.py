@@ -39,7 +39,8 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")) and all(
 
 #: the library's functions, each imported from its module on first use (PEP 562), so that
 #: ``import gnnpar`` stays light (no torch) for the tools that do not need them
-_API = {"load_model": "gnnpar.saved_model", "predict": "gnnpar.predict"}
+_API = {"load_model": "gnnpar.saved_model", "predict": "gnnpar.predict",
+        "register_layer": "gnnpar.models"}
 
 
 def __getattr__(name):

@@ -1,11 +1,15 @@
 """A user's own model through ``gnnpar-train --model package.module:factory``.
 
-``factory(f_in, hidden, f_out, layers, dropout)`` returns a ``torch.nn.Module`` whose
+``factory(f_in, hidden, f_out, layers, dropout, **model_args)`` (``model_args``: the
+``--model-arg KEY=VALUE`` values, :func:`parse_model_arg`) returns a ``torch.nn.Module`` whose
 ``forward(ops, x)`` gives the logits (``f_out`` wide) of the last layer's destination rows:
 ``ops`` is a :class:`~gnnpar.interfaces.LayerOps` (``ops[i]``: layer i's operator, whatever
 the algorithm or mode; ``ops[i](h)`` is Â·h and ``ops[i].num_dst`` its destination rows,
 the first rows of ``h``) and ``x`` the input features. Its ``norm`` attribute (``"gcn"``,
-``"mean"`` or ``"sum"``; ``"gcn"`` when it has none) picks the Â the runtime builds. The
+``"mean"`` or ``"sum"``), or else its layers' one, picks the Â the runtime builds
+(:func:`declared_norm`; ``"gcn"`` when none says). A user's *layer* class that its module
+registers (:func:`gnnpar.models.register_layer`) is stacked by :class:`gnnpar.models.GNN`
+instead (:func:`gnnpar.models.build_model` decides). The
 module is imported by name in every rank, as ``python -m`` would: the working directory first,
 then ``sys.path`` (``PYTHONPATH`` included). An installed console script such as
 ``gnnpar-train`` has its own ``bin/`` on ``sys.path``, not the working directory, so
@@ -16,28 +20,31 @@ torch's own later imports are not shadowed by a file there. Each rank calls it i
 ``torchrun``/``srun``/``mpirun`` ranks each run ``gnnpar-train`` in the launcher's working
 directory.
 
-:func:`check_custom` runs when the command line is read, before any data: it imports the
-module, finds the factory and calls it once with the run's ``--hidden``/``--layers``/
-``--dropout`` and small stand-in widths, so a missing module, a module that fails at import
-(a ``SyntaxError``, with its file and line, or any exception, with its type), a missing or
-non-callable factory, a factory that raises or one that returns something that is not a model
-(or has an unknown ``norm``) exits 2 with one line. ``scripts/custom_gnn.py`` is a worked
-example.
+:func:`gnnpar.models.check_model` runs when the command line is read, before any data: it
+imports the module, finds the factory and calls it once with the run's ``--hidden``/
+``--layers``/``--dropout``/``--model-arg`` and small stand-in widths, so a missing module, a
+module that fails at import (a ``SyntaxError``, with its file and line, or any exception, with
+its type), a missing or non-callable factory, a factory that raises or one that returns
+something that is not a model (or has an unknown ``norm``) exits 2 with one line.
+``scripts/custom_gnn.py`` is a worked example.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
+import math
 import os
 import sys
 import traceback
+from typing import Optional, Tuple, Union
 
 from torch import nn
 
 from gnnpar.datasets import InputError
 from gnnpar.datasets.normalize import KINDS
 
-#: widths of the trial build that :func:`check_custom` makes before any data
+#: widths of the trial build that :func:`gnnpar.models.check_model` makes before any data
 TRIAL_F_IN, TRIAL_F_OUT = 8, 3
 
 
@@ -124,25 +131,64 @@ def _described(exc: BaseException) -> str:
 
 
 def build_custom(name: str, f_in: int, hidden: int, f_out: int, layers: int,
-                 dropout: float) -> nn.Module:
-    """The factory's model, checked: a ``torch.nn.Module`` with a known ``norm``."""
+                 dropout: float, model_args: Optional[dict] = None) -> nn.Module:
+    """The factory's model (``model_args``: ``--model-arg`` values, as keywords), checked: a
+    ``torch.nn.Module`` with a known ``norm`` (:func:`declared_norm`)."""
     factory = load_factory(name)
     try:
-        model = factory(f_in, hidden, f_out, layers, dropout)
+        model = factory(f_in, hidden, f_out, layers, dropout, **(model_args or {}))
     except Exception as exc:  # noqa: BLE001 - the user's code: one line, not a traceback
         raise InputError(f"--model {name}: the factory raised {type(exc).__name__}: "
                          f"{exc}") from None
     if not isinstance(model, nn.Module):
         raise InputError(f"--model {name}: the factory returned a {type(model).__name__}, "
                          "not a torch.nn.Module")
-    norm = getattr(model, "norm", "gcn")
-    if norm not in KINDS:
-        raise InputError(f"--model {name}: the model's norm {norm!r} is not one of "
-                         f"{', '.join(KINDS)}")
-    model.norm = norm
+    model.norm = declared_norm(model, name)
     return model
 
 
-def check_custom(name: str, hidden: int, layers: int, dropout: float) -> None:
-    """Refuse (InputError) a ``--model`` factory that cannot give a model, before any data."""
-    build_custom(name, TRIAL_F_IN, hidden, TRIAL_F_OUT, layers, dropout)
+def declared_norm(model: nn.Module, name: str) -> str:
+    """The Â ``model`` asks for: its own ``norm``, else the one ``norm`` its layers declare
+    (where users often put it), else ``"gcn"``; an InputError for an unknown norm or layers
+    that declare different ones."""
+    if hasattr(model, "norm"):
+        norms = {model.norm}
+    else:
+        norms = {m.norm for m in model.modules() if isinstance(getattr(m, "norm", None), str)}
+        if len(norms) > 1:
+            raise InputError(f"--model {name}: its layers ask for different norms "
+                             f"({', '.join(sorted(norms))}); give the model one norm")
+    norm = norms.pop() if norms else "gcn"
+    if norm not in KINDS:
+        raise InputError(f"--model {name}: the model's norm {norm!r} is not one of "
+                         f"{', '.join(KINDS)}")
+    return norm
+
+
+def parse_model_arg(text: str) -> Tuple[str, Union[bool, int, float, str]]:
+    """``--model-arg KEY=VALUE`` as ``(key, value)``: ``true``/``false`` a bool, an integer
+    an int, a finite decimal a float, anything else the string; the key a Python name."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, KEY a Python name")
+    if raw.lower() in ("true", "false"):
+        return key, raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            value = kind(raw)
+        except ValueError:
+            continue
+        if kind is int or math.isfinite(value):
+            return key, value
+    return key, raw
+
+
+def model_args_dict(pairs) -> dict:
+    """``--model-arg`` pairs as a dict; an InputError for a key given twice."""
+    out = {}
+    for key, value in pairs or ():
+        if key in out:
+            raise InputError(f"--model-arg {key} is given twice")
+        out[key] = value
+    return out

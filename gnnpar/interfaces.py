@@ -11,11 +11,13 @@
   returns.
 - :class:`Reducer` — the collectives a training loop itself needs (metric sums and maxima,
   the gradient sum), one implementation for every runtime and engine.
+- :class:`Operator` / :class:`EdgeOperator` — what a layer receives: the aggregation
+  ``op(h)`` = Â·h, and the per-edge operations an attention layer asks ``op.edges()`` for.
 - :class:`LayerOps` — what a model's ``forward(ops, x)`` receives, one type whatever the run.
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Protocol, Sequence, runtime_checkable
+from typing import Dict, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 import torch
@@ -88,6 +90,56 @@ class Reducer:
             offset += p.numel()
 
 
+@runtime_checkable
+class EdgeOperator(Protocol):
+    """The per-edge operations an attention layer uses, over the edges of Â's structure
+    (in full batch A' + I), numbered in CSR order so per-edge tensors are ``(E, heads)``
+    (:mod:`gnnpar.kernels.edge_ops` has the details and :func:`~gnnpar.kernels.edge_ops.
+    edge_softmax`, built from them):
+
+    - ``at_src(s)``: ``s`` (num_src, H) → (E, H), each edge's source row;
+    - ``at_dst(d)``: ``d`` (num_dst, H) → (E, H), each edge's destination row;
+    - ``row_max(e)``: (E, H) → (num_dst, H), each row's largest value, no gradient;
+    - ``row_sum(e)``: (E, H) → (num_dst, H), with gradient;
+    - ``spmm(h, w)``: ``h`` (num_src, H, F) aggregated with edge values ``w`` (E, H) →
+      (num_dst, H, F), gradients to both."""
+
+    num_dst: int
+    num_src: int
+    num_edges: int
+
+    def at_src(self, s: torch.Tensor) -> torch.Tensor: ...
+
+    def at_dst(self, d: torch.Tensor) -> torch.Tensor: ...
+
+    def row_max(self, e: torch.Tensor) -> torch.Tensor: ...
+
+    def row_sum(self, e: torch.Tensor) -> torch.Tensor: ...
+
+    def spmm(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Operator(Protocol):
+    """The aggregation a layer receives as ``op``, whatever the algorithm or mode (the serial
+    runtime's local CSR, every distributed algorithm's operator, a sampled block's):
+
+    - ``op(h)``: Â·h with autograd, ``h`` (num_src, F) → (num_dst, F), for this rank's rows;
+    - ``num_dst``: the destination rows, which are the first ``num_dst`` rows of ``h``
+      (``num_dst == num_src`` in full batch; fewer in a sampled bipartite block);
+    - ``num_src``: the rows ``h`` must have;
+    - ``edges()``: the :class:`EdgeOperator` over the same edges (attention layers).
+
+    Which Â (``gcn``, ``mean``, ``sum``) is the model's ``norm`` (or its layers')."""
+
+    num_dst: int
+    num_src: int
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor: ...
+
+    def edges(self) -> EdgeOperator: ...
+
+
 class LayerOps:
     """The operators of a model's layers, one type whatever the run: ``ops[i]`` is layer i's.
 
@@ -136,7 +188,7 @@ class Runtime(Protocol):
     ``x`` (n_local, f), ``y`` (n_local,), ``masks``: :data:`SPLITS` → bool (n_local,).
     """
 
-    op: object
+    op: Union[Operator, Sequence[Operator]]
     x: torch.Tensor
     y: torch.Tensor
     masks: Dict[str, torch.Tensor]

@@ -1,10 +1,12 @@
 """GNN layers whose aggregation is "the SpMM the runtime provides".
 
-A layer never touches the graph itself: it receives an *aggregation operator* ``op`` with
+A layer never touches the graph itself: it receives an *aggregation operator* ``op``
+(:class:`gnnpar.interfaces.Operator`) with
 
 - ``op(h)`` → Â·h with autograd (shape ``(op.num_dst, f)`` from ``(op.num_src, f)``), and
 - ``op.num_dst`` — the first ``num_dst`` rows of ``h`` are the destination nodes themselves
-  (equal to ``num_src`` in full-batch training; smaller in a sampled bipartite block).
+  (equal to ``num_src`` in full-batch training; smaller in a sampled bipartite block);
+- ``op.edges()`` — the per-edge operations of an attention layer.
 
 The serial runtime passes a :class:`gnnpar.kernels.local.SparseOperator`; the distributed
 runtimes pass operators that run 1D/1.5D/2D/3D SpMM over a process grid; mini-batch training
@@ -21,10 +23,12 @@ the next ReLU + dropout run as one GPU pass, :class:`GNN` hands the bias over to
 (:func:`gnnpar.dropout.fuses_bias`); elsewhere it calls the layer as usual. GCN and SAGE do.
 
 Which Â a model wants is its ``norm`` attribute (``"gcn"``, ``"mean"`` or ``"sum"``; see
-``gnnpar.datasets.normalize``).
+``gnnpar.datasets.normalize``), taken from its layer class in a :class:`GNN`.
 
-Example: a custom GNN (scripts/custom_gnn.py has a runnable version)::
+A user's layer joins :class:`GNN` with one line, :func:`register_layer`, and trains as
+``--model module:Class`` (``--model-arg`` values go to its constructor)::
 
+    @gnnpar.register_layer
     class SumMLP(torch.nn.Module):
         norm = "sum"
         def __init__(self, f_in, f_out):
@@ -41,11 +45,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnnpar.datasets import InputError
+from gnnpar.datasets.normalize import KINDS
+
 from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
 from .dropout import _check, _seed, _units  # the fused SAGE layer draws its mask as they do
 from .attention import GAT_HEADS, GATLayer, gat_layers
-from .custom_model import build_custom, is_custom
-from .interfaces import LayerOps
+from .custom_model import TRIAL_F_IN, TRIAL_F_OUT, build_custom, is_custom, load_factory
+from .interfaces import LayerOps, Operator
 from .kernels import sage_fused
 from .product_order import aggregate_first_op
 
@@ -69,14 +76,14 @@ class GCNLayer(nn.Module):
         nn.init.xavier_uniform_(self.lin.weight)
         self.bias = nn.Parameter(torch.zeros(f_out)) if bias else None
 
-    def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
+    def unbiased(self, op: Operator, h: torch.Tensor) -> torch.Tensor:
         """Â·H·W without the bias: on a GPU :class:`GNN` adds it in the same pass as the ReLU
         and dropout that follow (:func:`gnnpar.dropout.bias_relu_dropout`)."""
         if aggregate_first_op(op, self.lin.in_features, self.lin.out_features):
             return self.lin(op(h))
         return op(self.lin(h))
 
-    def forward(self, op, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, op: Operator, h: torch.Tensor) -> torch.Tensor:
         return add_bias(self.unbiased(op, h), self.bias)
 
 
@@ -112,16 +119,16 @@ class SAGELayer(nn.Module):
     def bias(self):
         return self.lin_neigh.bias
 
-    def unbiased(self, op, h: torch.Tensor) -> torch.Tensor:
+    def unbiased(self, op: Operator, h: torch.Tensor) -> torch.Tensor:
         """Z without the bias (see :meth:`GCNLayer.unbiased`)."""
         return self._neigh(op, h, None) + self.lin_root(h[:op.num_dst])
 
-    def fused(self, op, h: torch.Tensor) -> bool:
+    def fused(self, op: Operator, h: torch.Tensor) -> bool:
         """Whether ``self(op, h)`` runs as one fused Function (see the class docstring)."""
         return sage_fused.usable(op, h, self.lin_neigh.weight, self.lin_root.weight,
                                  self.bias)
 
-    def forward(self, op, h: torch.Tensor, act: Optional[Tuple[float, bool]] = None
+    def forward(self, op: Operator, h: torch.Tensor, act: Optional[Tuple[float, bool]] = None
                 ) -> torch.Tensor:
         if self.fused(op, h):
             epilogue = None if act is None else _epilogue(*act)
@@ -136,7 +143,7 @@ class SAGELayer(nn.Module):
         paths follow it."""
         return aggregate_first_op(op, self.lin_neigh.in_features, self.lin_neigh.out_features)
 
-    def _neigh(self, op, h: torch.Tensor, bias) -> torch.Tensor:
+    def _neigh(self, op: Operator, h: torch.Tensor, bias) -> torch.Tensor:
         """(D⁻¹A·H)·W_neigh (+ ``bias`` unless None), the SpMM at the narrower width."""
         w = self.lin_neigh.weight
         if self._aggregates_first(op):
@@ -154,9 +161,31 @@ def _epilogue(p: float, training: bool) -> sage_fused.Epilogue:
     return (_seed(), *_units(p))
 
 
+#: the layers a :class:`GNN` stacks, by ``--model`` name: gnnpar's, and a user's that
+#: :func:`register_layer` added (keyed ``module:Class``, how ``--model`` names it)
 LAYERS = {"gcn": GCNLayer, "sage": SAGELayer, "gat": GATLayer}
+BUILT_IN = tuple(LAYERS)
 
-Ops = Union[object, Sequence[object]]
+
+def register_layer(cls: type) -> type:
+    """Let :class:`GNN` stack ``cls``, a ``torch.nn.Module`` built as ``cls(f_in, f_out,
+    **model_args)`` whose ``forward(op, h)`` is one layer (``op``: an
+    :class:`~gnnpar.interfaces.Operator`). One line in the user's module —
+    ``gnnpar.register_layer(MyLayer)``, or ``@gnnpar.register_layer`` on the class — and
+    ``--model module:MyLayer`` trains a GNN of it: ReLU and dropout between its layers (in
+    one pass with the bias where the layer offers ``unbiased`` and ``bias``, as GCN does), the
+    mini-batch sampler's input dropout, every algorithm and mode. Its ``norm`` (class
+    attribute; ``"gcn"`` when it has none) picks the Â. Returns ``cls``."""
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"register_layer takes a torch.nn.Module class, got {cls!r}")
+    norm = getattr(cls, "norm", "gcn")
+    if norm not in KINDS:
+        raise ValueError(f"layer {cls.__qualname__}: norm {norm!r} is not one of "
+                         f"{', '.join(KINDS)}")
+    LAYERS[f"{cls.__module__}:{cls.__qualname__}"] = cls
+    return cls
+
+Ops = Union[Operator, Sequence[Operator], LayerOps]
 
 
 class GNN(nn.Module):
@@ -170,6 +199,10 @@ class GNN(nn.Module):
     hand every model; ``ops[i]`` is layer i's operator), or what makes one: an operator used
     by every layer, or a list of one a layer (3d/4d, mini-batch blocks, outermost first).
 
+    ``kind``: a name in :data:`LAYERS` (gnnpar's layers, or a user's registered with
+    :func:`register_layer`); ``layer_args`` go to every layer's constructor (a user layer's
+    ``--model-arg`` values).
+
     ``kind="gat"`` (:mod:`gnnpar.attention`): ``heads`` heads (default :data:`GAT_HEADS`),
     ``hidden`` a hidden layer's width in all (a multiple of ``heads``), ELU and dropout
     between layers as in the GAT paper, and ``attn_dropout`` (default ``dropout``) on the
@@ -178,7 +211,7 @@ class GNN(nn.Module):
 
     def __init__(self, kind: str, f_in: int, hidden: int, f_out: int, layers: int = 2,
                  dropout: float = 0.5, heads: Optional[int] = None,
-                 attn_dropout: Optional[float] = None):
+                 attn_dropout: Optional[float] = None, layer_args: Optional[dict] = None):
         super().__init__()
         if kind not in LAYERS:
             raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(LAYERS)}")
@@ -186,14 +219,17 @@ class GNN(nn.Module):
             raise ValueError(f"layers must be >= 1, got {layers}")
         if heads is not None and kind != "gat":
             raise ValueError(f"heads are GAT's; model {kind!r} has none")
+        if layer_args and kind in BUILT_IN:
+            raise ValueError(f"model {kind!r} takes no layer arguments")
         layer = LAYERS[kind]
-        self.kind, self.norm, self.dropout = kind, layer.norm, dropout
+        self.kind, self.norm, self.dropout = kind, getattr(layer, "norm", "gcn"), dropout
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
         if kind == "gat":
             self.layers = gat_layers(f_in, hidden, f_out, layers, heads or GAT_HEADS)
             return
         widths = [f_in] + [hidden] * (layers - 1) + [f_out]
-        self.layers = nn.ModuleList(layer(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.layers = nn.ModuleList(layer(a, b, **(layer_args or {}))
+                                    for a, b in zip(widths[:-1], widths[1:]))
 
     def _input(self, ops: LayerOps, x: torch.Tensor) -> torch.Tensor:
         """The first layer's input: ``x`` after this model's dropout, or ``x`` itself when
@@ -216,7 +252,7 @@ class GNN(nn.Module):
             h = self.layer_step(i, ops[i], h)
         return h
 
-    def layer_step(self, i: int, op, h: torch.Tensor) -> torch.Tensor:
+    def layer_step(self, i: int, op: Operator, h: torch.Tensor) -> torch.Tensor:
         """Layer ``i`` on ``op`` and its input ``h``, with what follows it inside the stack
         (a hidden layer's activation and the next layer's input dropout): ``forward`` is
         these steps one after another, and layer-wise inference (:mod:`gnnpar.inference`)
@@ -260,12 +296,32 @@ def _bias_relu_in_place(z: torch.Tensor, bias, h: torch.Tensor) -> torch.Tensor:
 
 
 def build_model(kind: str, f_in: int, hidden: int, f_out: int, layers: int, dropout: float,
-                heads: Optional[int] = None, attn_dropout: Optional[float] = None) -> nn.Module:
+                heads: Optional[int] = None, attn_dropout: Optional[float] = None,
+                model_args: Optional[dict] = None) -> nn.Module:
     """``--model``'s model: a :class:`GNN` of ``kind`` (``gcn``, ``sage``, ``gat``), or a
-    user's (``package.module:factory``, :mod:`gnnpar.custom_model`)."""
-    if is_custom(kind):
-        return build_custom(kind, f_in, hidden, f_out, layers, dropout)
-    return GNN(kind, f_in, hidden, f_out, layers, dropout, heads, attn_dropout)
+    user's ``package.module:name`` (imported here, :mod:`gnnpar.custom_model`): a GNN of that
+    layer where the module registered it (:func:`register_layer`), else what the factory
+    returns. ``model_args`` (``--model-arg``) go to the user's layer or factory as keywords."""
+    if not is_custom(kind):
+        return GNN(kind, f_in, hidden, f_out, layers, dropout, heads, attn_dropout)
+    target = load_factory(kind)
+    if target not in LAYERS.values():
+        return build_custom(kind, f_in, hidden, f_out, layers, dropout, model_args)
+    LAYERS.setdefault(kind, target)  # the name ``--model`` gave it (a package re-export)
+    try:
+        return GNN(kind, f_in, hidden, f_out, layers, dropout, layer_args=model_args)
+    except Exception as exc:  # noqa: BLE001 - the user's layer: one line, not a traceback
+        raise InputError(f"--model {kind}: building the layer raised {type(exc).__name__}: "
+                         f"{exc}") from None
+
+
+def check_model(kind: str, hidden: int, layers: int, dropout: float,
+                model_args: Optional[dict] = None) -> None:
+    """Refuse (InputError) a user's ``--model`` that cannot give a model, before any data:
+    one trial build with the run's ``hidden``/``layers``/``dropout``/``model_args`` and small
+    stand-in widths."""
+    build_model(kind, TRIAL_F_IN, hidden, TRIAL_F_OUT, layers, dropout,
+                model_args=model_args)
 
 
 def sampler_input_dropout(model, device) -> float:

@@ -20,9 +20,9 @@ from gnnpar.precision import PRECISIONS
 
 from .attention import check_heads
 from .cli_common import DefaultsHelpFormatter, check_bounds
-from .custom_model import check_custom, is_custom
+from .custom_model import is_custom, model_args_dict, parse_model_arg
 from .link.options import add_link_args, check_link_args
-from .models import LAYERS
+from .models import BUILT_IN, check_model
 from .predict_files import check_out
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
@@ -126,7 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "and mini batch), or your own model: "
                         "factory(f_in, hidden, f_out, layers, dropout) "
                         "returning a torch.nn.Module whose forward(ops, x) reads layer i's "
-                        "operator as ops[i] (gnnpar/custom_model.py; default: gcn)")
+                        "operator as ops[i] (gnnpar/custom_model.py), or your own layer class "
+                        "(forward(op, h)) that its module registers with "
+                        "gnnpar.register_layer, stacked as gnnpar's layers are (default: gcn)")
+    m.add_argument("--model-arg", dest="model_args", action=AppendTuple, default=(),
+                   type=parse_model_arg, metavar="KEY=VALUE",
+                   help="a keyword for your own --model factory or layer (repeat for more; "
+                        "true/false, integers and decimals are given as such, anything else "
+                        "as a string)")
     m.add_argument("--layers", type=int, default=2, help="number of GNN layers")
     m.add_argument("--hidden", type=int, default=64,
                    help="hidden width (features); with --model gat the width in all, heads x "
@@ -250,15 +257,27 @@ def check_args(args) -> None:
     check_checkpoint_args(args)
 
 
+class AppendTuple(argparse.Action):
+    """A repeatable flag's values as a tuple, in the order given (``()`` when never given: a
+    default that is the run spec's, and never shared between parses as a list would be)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, (*getattr(namespace, self.dest, ()), values))
+
+
 def check_model_name(args) -> None:
     """``--model``: a built-in kind, or a factory that gives a model (``gnnpar/custom_model.py``
     builds one trial model here, before any data)."""
-    if args.model in LAYERS:
+    model_args = model_args_dict(args.model_args)
+    if args.model in BUILT_IN:
+        if model_args:
+            raise InputError(f"--model-arg is for your own model or layer; --model "
+                             f"{args.model} takes its settings from its flags")
         return
     if not is_custom(args.model):
-        raise InputError(f"--model {args.model!r}: choose one of {', '.join(LAYERS)} or name "
-                         "your own as package.module:factory")
-    check_custom(args.model, args.hidden, args.layers, args.dropout)
+        raise InputError(f"--model {args.model!r}: choose one of {', '.join(BUILT_IN)} or "
+                         "name your own as package.module:factory")
+    check_model(args.model, args.hidden, args.layers, args.dropout, model_args)
 
 
 def check_attention_args(args) -> None:

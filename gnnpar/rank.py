@@ -81,7 +81,8 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
         f_out = spec.hidden
     torch.manual_seed(spec.seed)  # identical initial weights on every rank
     model = build_model(spec.model, f_in, spec.hidden, f_out, spec.layers,
-                        spec.dropout, spec.heads, spec.attn_dropout).to(device)
+                        spec.dropout, spec.heads, spec.attn_dropout,
+                        dict(spec.model_args)).to(device)
     build = _minibatch if spec.minibatch else _fullbatch
     if spec.task == "link":  # its decoder seeded as the model is, before the ranks differ
         build = functools.partial(_link, build_decoder(spec.decoder, spec.hidden).to(device))

@@ -325,6 +325,8 @@ def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
                                   else spec.weight_decay),
             "variant": spec.variant, "replication": spec.replication}
     meta.update(attention_settings(spec))
+    if spec.model_args:  # runs without any add nothing: old checkpoints fit
+        meta["model_args"] = dict(spec.model_args)
     if task == "link":  # node runs add nothing: old checkpoints fit
         meta.update({"task": "link", "link_split": spec.link_split,
                      "neg_ratio": int(spec.neg_ratio), "decoder": spec.decoder})

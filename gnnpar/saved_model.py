@@ -7,6 +7,7 @@ A model file is a ``torch.save`` of plain containers, tensors and numbers, so
 - ``model``: ``gcn``, ``sage``, ``gat`` or a user's ``package.module:factory``;
 - ``f_in``, ``hidden``, ``f_out``, ``layers``, ``dropout``: what the factory was called with;
 - ``heads``, ``attn_dropout``: a GAT's, resolved (never ``None``);
+- ``model_args``: a user's model or layer's ``--model-arg`` keywords, where it had any;
 - ``norm``: the Â the model was trained with (``gcn``, ``mean`` or ``sum``);
 - ``state_dict``: the weights, on the CPU;
 - a link-prediction model's (``--task link``) also ``task`` (``"link"``), ``decoder``
@@ -52,6 +53,8 @@ def model_payload(model: nn.Module, spec, shapes: Dict[str, int]) -> dict:
                "dropout": float(spec.dropout), "norm": str(getattr(model, "norm", "gcn")),
                "f_in": int(shapes["f_in"]), "f_out": int(shapes["f_out"]),
                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+    if spec.model_args:
+        payload["model_args"] = dict(spec.model_args)
     if spec.model == "gat":
         payload["heads"] = int(GAT_HEADS if spec.heads is None else spec.heads)
         payload["attn_dropout"] = float(model.attn_dropout)
@@ -105,7 +108,8 @@ def model_from_payload(payload: dict, source: str = "model file") -> nn.Module:
                             int(payload["f_out"]), int(payload["layers"]),
                             float(payload.get("dropout", 0.0)),
                             heads=(payload.get("heads") or GAT_HEADS) if gat else None,
-                            attn_dropout=payload.get("attn_dropout") if gat else None)
+                            attn_dropout=payload.get("attn_dropout") if gat else None,
+                            model_args=payload.get("model_args"))
     except ValueError as exc:
         raise InputError(f"{source}: cannot rebuild model {kind!r}: {exc}") from None
     try:

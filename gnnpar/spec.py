@@ -26,6 +26,7 @@ from gnnpar.datasets import InputError
 from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.grid import parse_grid
 
+from .custom_model import model_args_dict
 from .options import check_args
 from .resume import attention_settings
 from .sampling.neighbor import parse_fanouts
@@ -49,6 +50,7 @@ class RunSpec:
     dropout: float = 0.5
     heads: Optional[int] = None  #: a GAT's, resolved by ``from_args`` (None: the default)
     attn_dropout: Optional[float] = None  #: a GAT's, resolved by ``from_args``
+    model_args: Tuple[Tuple[str, object], ...] = ()  #: ``--model-arg``: a user model's keywords
     # task (link: gnnpar/link)
     task: str = "node"
     link_split: str = "0.85,0.05,0.1"
@@ -128,6 +130,7 @@ class RunSpec:
             values["macrobatch"], values["prefetch"] = pipeline_depth(
                 args.macrobatch, args.prefetch, args.sampler_workers,
                 host_samples=args.sample_on == "host" or values["device"] == "cpu")
+        values["model_args"] = tuple(model_args_dict(args.model_args).items())
         values["grid_dims"] = parse_grid(args.grid) if args.grid else None
         if args.fanouts is not None:
             values["fanouts"] = parse_fanouts(args.fanouts)

@@ -3,8 +3,9 @@
 GCN and SAGE only ask an operator for Â·h, with Â's values fixed when it was built. An
 attention layer (GAT, GATv2, a learned edge gate) computes one value per edge and head from
 the features at the edge's two ends, normalises them over each destination row and
-aggregates with them. :class:`EdgeOperator` is that contract; a layer written against it
-runs wherever an operator serves it (``op.edges()``).
+aggregates with them. :class:`gnnpar.interfaces.EdgeOperator` is that contract (importable
+from here too); a layer written against it runs wherever an operator serves it
+(``op.edges()``).
 
 The edges are the structure of the operator's Â: in full batch S = A' + I, so every row has
 its self loop, as the GAT paper takes it. Â's values are not used. Each (row, column) pair is
@@ -32,10 +33,11 @@ the SDDMM over blocks of edges. Neither holds an E × F tensor.
 from __future__ import annotations
 
 import math
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from gnnpar.interfaces import EdgeOperator  # the contract, with the other ones
 
 from .cpu_spmm import available, csr_mm, pool_threads, row_blocks, run_parallel
 from .csr_transpose import transpose_csr_tensors
@@ -43,25 +45,6 @@ from .jit import compile_module
 
 #: elements of one SDDMM block (edges × heads × width): bounds its temporaries
 SDDMM_BLOCK = 1 << 22
-
-
-@runtime_checkable
-class EdgeOperator(Protocol):
-    """The per-edge operations an attention layer uses (module docstring)."""
-
-    num_dst: int
-    num_src: int
-    num_edges: int
-
-    def at_src(self, s: torch.Tensor) -> torch.Tensor: ...
-
-    def at_dst(self, d: torch.Tensor) -> torch.Tensor: ...
-
-    def row_max(self, e: torch.Tensor) -> torch.Tensor: ...
-
-    def row_sum(self, e: torch.Tensor) -> torch.Tensor: ...
-
-    def spmm(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor: ...
 
 
 def edge_softmax(op: EdgeOperator, e: torch.Tensor) -> torch.Tensor:

@@ -35,3 +35,18 @@ def run_installed(tool, *argv, cwd, timeout=300, launcher=(), env=None):
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **(env or {})}
     return subprocess.run([*launcher, installed(tool), *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def doc_text(*names) -> str:
+    """README.md and the ``docs/`` pages ``names`` (``"guide.md"``, …), as one text."""
+    paths = [os.path.join(ROOT, "README.md")] + [os.path.join(ROOT, "docs", n) for n in names]
+    return "\n".join(open(p).read() for p in paths)
+
+
+def readme_gin() -> str:
+    """The README's GIN module, the python block under "## Your own GNN", as printed."""
+    readme = doc_text()
+    start = readme.index("## Your own GNN")
+    end = readme.find("\n## ", start)
+    section = readme[start:end if end > 0 else len(readme)]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]

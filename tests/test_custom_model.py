@@ -13,7 +13,7 @@ from gnnpar.interfaces import LayerOps
 from gnnpar.models import GNN, build_model
 from gnnpar.train import main
 
-from .cli_util import ROOT, run_installed, run_train
+from .cli_util import ROOT, readme_gin, run_installed, run_train
 
 TINY = "sbm:n=90,blocks=3,p_in=0.15,p_out=0.02"
 
@@ -136,10 +136,7 @@ def test_readme_example_trains_as_printed(tmp_path):
     """The README's GIN, saved as printed, trains through the installed gnnpar-train run from
     its folder (no PYTHONPATH) in full batch on one operator per layer (3d) and in mini
     batch."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## Your own GNN"):readme.index("### Attention layers")]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "my_gnn.py").write_text(code)
+    (tmp_path / "my_gnn.py").write_text(readme_gin())
     for run in (["--algo", "3d", "--nprocs", "2", "--grid", "1x1x2"],
                 ["--mode", "minibatch", "--fanouts", "4,4", "--batch-size", "16"]):
         res = run_installed("gnnpar-train", "--dataset", TINY, "--model", "my_gnn:gin",

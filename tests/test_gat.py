@@ -147,7 +147,7 @@ def test_train_cli_runs_gat_and_refuses_what_it_cannot_run(tmp_path):
 
 
 def test_readme_attention_example_runs_and_is_softmax_attention():
-    """The README's custom attention layer, run as printed, against dense softmax attention."""
+    """The user guide's custom attention layer (docs/guide.md), run as printed, against dense softmax attention."""
     from .dist_cases import readme_block
     space = {"torch": torch}
     exec(readme_block("class DotAttention"), space)
@@ -212,7 +212,7 @@ def test_block_algorithms_equal_serial(algo, world, dims, replication, kw, heads
     ("1.5d", 4, None, 2, {"variant": "halo"}), ("3d", 4, (1, 2, 2), 1, {"layers": 3})])
 def test_readme_attention_layer_equals_serial_on_every_kind_of_operator(algo, world, dims,
                                                                         replication, kw):
-    """The README's custom attention layer (written against the contract only, no algorithm
+    """The user guide's custom attention layer (written against the contract only, no algorithm
     named) trains to the serial run's outputs, gradients and loss curve on a 1D, a block and
     a 3D operator."""
     from gnnpar.spawn import spawn
@@ -350,7 +350,7 @@ def _sampled_blocks(replace: bool, fanout: int):
 @pytest.mark.parametrize("sampler", ["host", "device"])
 def test_a_neighbour_drawn_twice_is_one_edge_of_the_softmax(sampler):
     """With replacement (``--replace``) a neighbour drawn twice is one edge of the softmax in
-    every mode: GAT (and the README's attention layer) on a sampled block, as serial and
+    every mode: GAT (and the user guide's attention layer) on a sampled block, as serial and
     data-parallel mini batch run it, equals the same layer on the block whose repeated
     entries are merged as a grouped block's shard merges them (kernels/bipartite.block_shard,
     one member) and the dense reference over the distinct sampled neighbours; so do the

@@ -164,7 +164,7 @@ def test_node_run_on_a_link_folder_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_link_training_on_an_ogb_folder_serial_and_two_ranks(tmp_path):
-    """The README's OGB link command: serial and 2-rank 1d-halo runs of one folder agree
+    """The user guide's OGB link command (docs/guide.md): serial and 2-rank 1d-halo runs of one folder agree
     (dropout 0), and the cache of the folder gives the same run."""
     write_link_folder(tmp_path / "ogbl_collab", "source")
     argv = ["--task", "link", "--dataset", "ogb:ogbl_collab", "--hidden", "8", "--epochs", "3",

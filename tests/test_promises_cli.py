@@ -25,7 +25,7 @@ from gnnpar.logged import lock_folder
 from gnnpar.options import build_parser
 from gnnpar.train import main
 
-from .cli_util import ROOT, installed, run_installed
+from .cli_util import doc_text, installed, readme_gin, run_installed
 from .required import mpirun
 
 TINY = "sbm:n=90,blocks=3,p_in=0.15,p_out=0.02"
@@ -44,13 +44,6 @@ def one_line(res, code=2) -> str:
     assert res.returncode == code and len(lines) == 1, (res.returncode, res.stderr[-3000:])
     assert "Traceback" not in res.stderr
     return lines[0]
-
-
-def readme_gin() -> str:
-    """The README's GIN module, as printed under "Your own GNN"."""
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("## Your own GNN"):readme.index("### Attention layers")]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
 @pytest.fixture
@@ -258,8 +251,8 @@ def test_timeout_outside_its_range_is_refused_before_any_work(value, capsys, no_
     assert len(err.strip().splitlines()) == 1 and "--timeout must be" in err, err
 
 
-def test_timeout_range_is_in_help_and_readme():
+def test_timeout_range_is_in_help_and_guide():
     help_text = " ".join(build_parser().format_help().split())
     assert f"at most {MAX_TIMEOUT_S:,}" in help_text
-    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
-    assert f"`--timeout` 0–{MAX_TIMEOUT_S:,} s" in readme
+    guide = " ".join(doc_text("guide.md").split())
+    assert f"`--timeout` 0–{MAX_TIMEOUT_S:,} s" in guide

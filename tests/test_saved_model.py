@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from gnnpar.interfaces import LayerOps
 from gnnpar.models import build_model
 from gnnpar.saved_model import model_payload, write_model_file
 from gnnpar.serial import SerialRuntime
+from gnnpar.spec import RunSpec
 from gnnpar.trainer import TrainConfig, evaluate, fit
 
 from .cli_util import ROOT
@@ -26,8 +26,8 @@ TRAIN = os.path.join(os.path.dirname(sys.executable), "gnnpar-train")
 
 
 def _spec(model, **kw):
-    return types.SimpleNamespace(model=model, layers=kw.get("layers", 2), hidden=16,
-                                 dropout=0.3, heads=kw.get("heads"))
+    return RunSpec(model=model, layers=kw.get("layers", 2), hidden=16, dropout=0.3,
+                   heads=kw.get("heads"))
 
 
 @pytest.mark.parametrize("kind,heads", [("gcn", None), ("sage", None), ("gat", None),
