@@ -48,8 +48,7 @@ from .serial import SerialRuntime
 from .spawn import spawn
 from .trainer import TrainConfig, fit
 
-#: environment variable naming a calibration file (how ``gnnpar-train --algo auto`` reads
-#: ``--calibration``: the run settings carry no path, the launcher's plan reads this)
+#: environment variable naming a calibration file where ``--calibration`` names none
 CALIBRATION_ENV = "GNNPAR_CALIBRATION"
 #: where ``--calibrate`` writes when ``--calibration`` names no file
 DEFAULT_PATH = "gnnpar-calibration.json"

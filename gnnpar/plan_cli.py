@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from gnnpar.datasets import InputError, load_dataset
@@ -64,12 +63,10 @@ def _check_model_flags(args) -> None:
 
 
 def check_model_args(args) -> None:
-    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto). A
-    ``--calibration`` file is also put in the environment (:data:`CALIBRATION_ENV`): the run
-    settings of gnnpar-train carry no path, and its launcher's plan reads the variable."""
+    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto), checked
+    and nothing else: gnnpar-train's run spec carries ``--calibration``, which its launcher's
+    plan reads (:func:`machine_from`)."""
     _check_model_flags(args)
-    if getattr(args, "calibration", None) is not None:
-        os.environ[CALIBRATION_ENV] = os.path.abspath(args.calibration)
 
 
 def check_world(world: int, flag: str = "--world") -> None:

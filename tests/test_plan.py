@@ -1,6 +1,6 @@
 """gnnpar-plan and --algo auto: ranked tables at any scale, memory caps, byte sizes; the
 calibration file (probe, round trip, its use by the plan and by --algo auto); exact plans."""
-import argparse
+import os
 import json
 import subprocess
 import sys
@@ -10,7 +10,8 @@ import pytest
 from gnnpar.calibrate import CALIBRATION_ENV, calibrate, save
 from gnnpar.datasets import InputError
 from gnnpar.kernels.cost_model import Machine, rank_algorithms
-from gnnpar.plan_cli import check_model_args, machine_from, main, parse_bytes
+from gnnpar.options import build_parser
+from gnnpar.plan_cli import machine_from, main, parse_bytes
 from gnnpar.spec import RunSpec
 
 
@@ -95,18 +96,20 @@ def test_bad_calibration_file_is_an_input_error(tmp_path, bad):
     assert main(PAPERS + ["--calibration", str(tmp_path / "missing.json")]) == 2
 
 
-def test_auto_reads_the_calibration_through_the_environment(tmp_path, monkeypatch):
-    """gnnpar-train's run settings carry no path: checking the flags puts it in the
-    environment, where the launcher's plan (machine_from of the spec) finds it."""
+def test_auto_reads_the_calibration_from_the_run_spec(tmp_path, monkeypatch):
+    """gnnpar-train's run spec carries --calibration to the launcher's plan (machine_from of
+    the spec); checking the flags writes no environment variable. Without the flag the
+    variable still names a file."""
     monkeypatch.delenv(CALIBRATION_ENV, raising=False)
     path = tmp_path / "rates.json"
     save(SLOW, str(path))
-    ns = argparse.Namespace(bandwidth=None, latency=None, mem_cap=None, calibration=str(path))
-    check_model_args(ns)
-    spec_like = argparse.Namespace(bandwidth=None, latency=None, mem_cap=None)
-    assert machine_from(spec_like) == Machine(**SLOW)
-    monkeypatch.delenv(CALIBRATION_ENV)
-    assert machine_from(spec_like) == Machine()
+    spec = RunSpec.from_args(build_parser().parse_args(["--algo", "auto", "--calibration",
+                                                        str(path)]))
+    assert CALIBRATION_ENV not in os.environ
+    assert machine_from(spec) == Machine(**SLOW)
+    assert machine_from(RunSpec(algo="auto")) == Machine()
+    monkeypatch.setenv(CALIBRATION_ENV, str(path))
+    assert machine_from(RunSpec(algo="auto")) == Machine(**SLOW)
 
 
 def test_calibrate_probe_writes_a_usable_file(tmp_path, capsys):
