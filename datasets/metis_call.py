@@ -11,13 +11,13 @@ and left its temporary shards behind.
 In a child that blocks SIGTERM and SIGINT, METIS never sees either. Blocking holds there
 because a forked child has a single thread. The parent waits in a read that a signal
 interrupts, so its own handler runs at once. On every way out it kills the child (SIGKILL)
-and reaps it. Ctrl-C and preemption therefore stop a long METIS call at once, where before
-they waited for it to end. The child also dies with its parent (``PR_SET_PDEATHSIG``), so a
+and reaps it. Ctrl-C and preemption therefore stop a long METIS call at once rather than
+wait for it to end. The child also dies with its parent (``PR_SET_PDEATHSIG``), so a
 SIGKILLed parent leaves no orphan partitioning on.
 
 The graph reaches the child copy-on-write (fork): nothing is copied up front. The part
 vector comes back through a pipe, 4 bytes a vertex. Where the platform has no ``fork``, the
-call runs in this process as before.
+call runs in this process.
 
 Shapes: ``indptr`` (n + 1,) and ``indices`` (nnz,) int64, the symmetric structure without
 self loops; ``vweights`` (n,) integer or None; the result ``owner`` (n,) int32, values in

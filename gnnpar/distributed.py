@@ -1,7 +1,7 @@
 """The distributed full-batch runtime: this rank's rows, its SpMM operator, and the
 collectives the training loop needs (:class:`gnnpar.interfaces.Runtime`).
 
-Memory (issue 24: a rank's peak against its shard): a shard is memory-mapped, and a mapped
+Memory (a rank's peak held near its shard's size): a shard is memory-mapped, and a mapped
 page counts in the resident set once read. The operator holds its own copies of the sparse
 arrays, so once it is built the shard's pages are handed back (:func:`release`; a later read
 maps them again); the node rows (``x``, ``y``, masks) are not copied but mapped again

@@ -9,7 +9,7 @@ modules in :data:`PRELOAD` once and forks each rank from itself, so a rank start
 hundredths of a second with those modules in place. The server has only imported modules —
 it has run no torch operation, started no thread pool and touched no GPU — so forking it is
 as safe as a fresh interpreter. Where ``forkserver`` does not exist (not POSIX) ranks are
-spawned as before.
+started with ``spawn``.
 
 Three things a forked rank would otherwise take from the server rather than from the call,
 and how each is made the caller's:

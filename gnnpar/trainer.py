@@ -135,7 +135,7 @@ def make_optimizer(model, cfg: TrainConfig):
     update instead of ~10 elementwise ops per tensor, each with its own call and, on two or
     more threads, its own OpenMP region: about half the optimiser's time on a mini-batch
     step's small tensors) where this torch has it (2.4+);
-    elsewhere, and on a GPU, torch's default Adam as before. Every trainer, serial or
+    elsewhere, and on a GPU, torch's default Adam. Every trainer, serial or
     distributed, comes through here, so runs that are compared see the same update; a resume
     takes the optimiser's settings from its checkpoint (``load_state_dict``), fused or not,
     so it continues the saved run's arithmetic exactly."""

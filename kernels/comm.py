@@ -63,7 +63,7 @@ from .grid import ProcessGrid
 from .process_group import (device_routes, import_dynamo_first, process_group_backend,
                             stream_ordered)
 
-# the rule's and the process groups' names, importable from here as before
+# the rule's and the process groups' names, importable from here too (one import for callers)
 __all__ = ["AUDIT_ENV", "DIST_CALLS", "WIRE_DTYPES", "WIRE_PHASES", "Comm", "CommCounts",
            "CommDeviceError", "CommRuleError", "Pending", "control_all_reduce", "device_routes",
            "import_dynamo_first", "init_process_group", "process_group_backend"]

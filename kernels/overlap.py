@@ -20,8 +20,8 @@ those of the unsplit block; the sums are taken in another order than one CSR pro
 take them (fp32 rounding, not exactness to serial, changes). ``Comm.seconds`` then counts only
 the exposed waits (:mod:`kernels.comm`).
 
-Building the parts makes no array of the block's size besides the parts themselves (issue 24:
-a rank's memory against its shard): chunked passes over the block's CSR arrays (a shard's
+Building the parts makes no array of the block's size besides the parts themselves (a rank's
+memory stays near its shard's): chunked passes over the block's CSR arrays (a shard's
 memory map is read, never copied whole), a chunked counting sort for Âᵀ whose arrays the
 backward's parts then slice, and int32 indices on the CPU (:func:`index_dtype`). The parts
 are bit for bit those of sorting each part's entries by (row, column) (:class:`_Parts`).
@@ -146,7 +146,7 @@ class _Parts:
     entries in the block's order, which is the part's (row, column) order once every row's
     columns ascend (the rows of a part are a run of the block's, renumbered by one shift, and
     so are its columns) — what sorting each part by (row, column) gave, so the parts are the
-    same, bit for bit. A block whose rows do not ascend is sorted first (stable, as before).
+    same, bit for bit. A block whose rows do not ascend is sorted first (a stable sort).
     ``views``: a part made of one run of the block's entries with unchanged columns may be a
     slice of ``cols``/``vals`` (arrays the caller made: writable, not shared). Indices are
     of :func:`index_dtype` (the same values either way)."""

@@ -28,11 +28,10 @@ plans), never more than ``bcast``.
 
 Why not one holder per row block (the schedule this replaces): it assembled R_j whole at one
 replica, which broadcast it to the other p/c − 1 ranks of its layer, so that rank sent
-(p/c − 1)·|R_j|·f ≈ nf per SpMM, like 1D, while its layer's other ranks sent nothing. Busiest
-rank's bytes, forward + backward: at p = 8, c = 2 on a dense random graph 0.78 of 1D's busiest
-rank's, now 0.58 (4/7 with equal parts; ``tests/test_15d_balance.py``); a 3-layer GCN step
-(hidden 128) on ``rmat:scale=12,ef=16`` under METIS at p = 8, c = 2: 5.95 MB (``bcast``) and
-3.36 MB (``halo``, more than ``1d-halo``'s 2.76 MB), now 4.18 and 1.98 MB.
+(p/c − 1)·|R_j|·f ≈ nf per SpMM, like 1D, while its layer's other ranks sent nothing. Here
+every rank sends its own rows only, so at p = 8, c = 2 on a dense random graph the busiest
+rank sends 4/7 of what 1D's busiest rank sends with equal parts (``tests/test_15d_balance.py``
+holds it to 1/c + 0.1 with uneven parts).
 
 On its grid this is the A-stationary product of :mod:`spmm_2d` with ``replica`` as the axis of
 the partial sums, and it is built by the same code (:func:`spmm_2d.build_block_op`):

@@ -1,4 +1,4 @@
-"""Link prediction (``gnnpar-train --task link``, full batch; issue 42, in progress).
+"""Link prediction (``gnnpar-train --task link``): full and mini batch, serial and distributed.
 
 - :mod:`.options`: the command-line flags of a link run, checked before any work;
 - :mod:`.split`: the edge split without leakage (held-out edges never in the graph messages

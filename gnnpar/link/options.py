@@ -12,7 +12,7 @@ from .split import DEFAULT_FRACTIONS, parse_fractions
 
 TASKS = ("node", "link")
 DEFAULT_SPLIT = ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS)
-#: flags a --task link run refuses, and why (not built yet: issue 42)
+#: flags a --task link run refuses, and why
 UNSUPPORTED = {
     "partition_dir": (None, "shards written before do not carry the edge split; let the run "
                             "partition the dataset (drop --partition-dir)"),

@@ -97,7 +97,7 @@ class BlockOperator(SparseOperator):
     needs the input's gradient (``LocalSpMM`` skips Âᵀ when it does not: the input block's
     features never need one unless the layer's weight is applied before the product), or a
     move to a device. ``on_demand`` is called before a deferred Âᵀ is built. Tensors, or a
-    device other than the CPU: the parent's operator, as before. ``distinct``: the block's
+    device other than the CPU: the parent's operator. ``distinct``: the block's
     rows repeat no column (:attr:`Block.distinct`), so :meth:`edges` need not look for
     repeats.
     """

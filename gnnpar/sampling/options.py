@@ -11,7 +11,7 @@ from .neighbor import parse_fanouts
 
 MODES = ("fullbatch", "minibatch")
 #: ``--macrobatch`` where the host samples and the flag is not given. Sampling 4 minibatches
-#: at once makes the plain CPU command faster (``docs/performance.md``, issue 25's rows) and
+#: at once makes the plain CPU command faster (``docs/performance.md``, mini batch) and
 #: gives the same blocks as 1 (the draws never depend on the macrobatch).
 HOST_MACROBATCH = 4
 #: every flag of :func:`add_minibatch_args` but ``--mode``: only ``--mode minibatch`` reads them
@@ -117,9 +117,9 @@ def check_mode_args(args) -> None:
 def pipeline_depth(macrobatch, prefetch, workers: int, host_samples: bool):
     """``(K, prefetch)``: the flags as given, else their defaults. K is
     :data:`HOST_MACROBATCH` where the host samples, 1 where the device may. Prefetch is 2 at
-    K = 1 (as before K had a default of its own), else one macrobatch per sampler worker. So
-    K = 4 holds four minibatches ahead where K = 1 held two, and fetches the feature rows they
-    share once (the peak memory of both is in ``docs/performance.md``)."""
+    K = 1 (two minibatches ahead keep a device fed), else one macrobatch per sampler worker.
+    So K = 4 holds four minibatches ahead where K = 1 holds two, and fetches the feature rows
+    they share once (the peak memory of both is in ``docs/performance.md``)."""
     k = int(macrobatch) if macrobatch is not None else (HOST_MACROBATCH if host_samples else 1)
     workers = 1 if workers is None else int(workers)
     ahead = int(prefetch) if prefetch is not None else (2 if k == 1 else max(1, workers))

@@ -18,7 +18,7 @@ tasks w, w+W, w+2W, … and for each one
    dropout (``ReadyBatch.x_dropout``): a pass over the step's largest tensor and a fresh
    tensor of its size less in every step, for a hash per four elements in the copy
    (``docs/performance.md`` has the measurement). Where the copy cannot (remote rows, no
-   numba) the model drops them as before.
+   numba) the model drops them itself.
    A block's Âᵀ (the backward product's operator) is built here too, except the input
    block's: its features need no gradient unless the model applies a weight before the
    product, so it is deferred to the first backward pass that asks for it
