@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from gnnpar.datasets import InputError
 
 from .dropout import add_bias, dropout
+from .model_registry import facts
 from .kernels.edge_ops import EdgeOperator, edge_softmax
 
 #: GAT's LeakyReLU slope on the attention scores
@@ -39,9 +40,10 @@ NEGATIVE_SLOPE = 0.2
 GAT_HEADS = 8
 
 def check_heads(model: str, heads, hidden: int) -> None:
-    """``--heads`` only with ``--model gat``, and a GAT's ``--hidden`` (its width in all) a
-    multiple of its heads: gnnpar-train's and gnnpar-plan's flags alike."""
-    if model != "gat":
+    """``--heads`` only with an attention model (``--model gat``), and a GAT's ``--hidden``
+    (its width in all) a multiple of its heads: gnnpar-train's and gnnpar-plan's flags
+    alike."""
+    if not facts(model).attention:
         if heads is not None:
             raise InputError(f"--heads sets the attention of --model gat; --model {model} has "
                              "none")

@@ -49,6 +49,7 @@ from gnnpar.datasets import InputError
 from gnnpar.datasets.normalize import KINDS
 
 from .dropout import add_bias, bias_relu_dropout, dropout, fuses_bias, relu_dropout
+from .model_registry import built_in, facts
 from .dropout import _check, _seed, _units  # the fused SAGE layer draws its mask as they do
 from .attention import GAT_HEADS, GATLayer, gat_layers
 from .custom_model import TRIAL_F_IN, TRIAL_F_OUT, build_custom, is_custom, load_factory
@@ -163,8 +164,8 @@ def _epilogue(p: float, training: bool) -> sage_fused.Epilogue:
 
 #: the layers a :class:`GNN` stacks, by ``--model`` name: gnnpar's, and a user's that
 #: :func:`register_layer` added (keyed ``module:Class``, how ``--model`` names it)
-LAYERS = {"gcn": GCNLayer, "sage": SAGELayer, "gat": GATLayer}
-BUILT_IN = tuple(LAYERS)
+LAYERS = {"gcn": GCNLayer, "sage": SAGELayer, "gat": GATLayer}  # gnnpar.model_registry's
+BUILT_IN = built_in()
 
 
 def register_layer(cls: type) -> type:
@@ -217,7 +218,7 @@ class GNN(nn.Module):
             raise ValueError(f"unknown model {kind!r}; choose one of {', '.join(LAYERS)}")
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers}")
-        if heads is not None and kind != "gat":
+        if heads is not None and not facts(kind).attention:
             raise ValueError(f"heads are GAT's; model {kind!r} has none")
         if layer_args and kind in BUILT_IN:
             raise ValueError(f"model {kind!r} takes no layer arguments")

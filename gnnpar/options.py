@@ -22,7 +22,8 @@ from .attention import check_heads
 from .cli_common import DefaultsHelpFormatter, check_bounds
 from .custom_model import is_custom, model_args_dict, parse_model_arg
 from .link.options import add_link_args, check_link_args
-from .models import BUILT_IN, check_model
+from .model_registry import built_in, facts
+from .models import check_model
 from .predict_files import check_out
 from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
 from .logged import check_log_free
@@ -269,13 +270,13 @@ def check_model_name(args) -> None:
     """``--model``: a built-in kind, or a factory that gives a model (``gnnpar/custom_model.py``
     builds one trial model here, before any data)."""
     model_args = model_args_dict(args.model_args)
-    if args.model in BUILT_IN:
+    if args.model in built_in():
         if model_args:
             raise InputError(f"--model-arg is for your own model or layer; --model "
                              f"{args.model} takes its settings from its flags")
         return
     if not is_custom(args.model):
-        raise InputError(f"--model {args.model!r}: choose one of {', '.join(BUILT_IN)} or "
+        raise InputError(f"--model {args.model!r}: choose one of {', '.join(built_in())} or "
                          "name your own as package.module:factory")
     check_model(args.model, args.hidden, args.layers, args.dropout, model_args)
 
@@ -284,7 +285,7 @@ def check_attention_args(args) -> None:
     """``--heads``/``--attn-dropout`` only with ``--model gat`` (which runs with every
     ``--algo``, in full batch and mini batch), and in range."""
     check_heads(args.model, args.heads, args.hidden)
-    if args.model != "gat":
+    if not facts(args.model).attention:
         if args.attn_dropout is not None:
             raise InputError(f"--attn-dropout sets the attention of --model gat; --model "
                              f"{args.model} has none")

@@ -34,6 +34,7 @@ from gnnpar.kernels.cost_model import Machine, Structure, rank_algorithms
 from gnnpar.kernels.cost_terms import gat_kind
 from gnnpar.partitioners import partition_graph
 
+from .model_registry import built_in, facts
 from .calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
                         check_target as check_calibration_target, machine_for, save)
 from .attention import GAT_HEADS, check_heads
@@ -121,10 +122,10 @@ def cost_kind(model: str, args) -> str:
     """The cost model's ``kind`` of ``--model``: GAT with its heads (``--heads``, default
     :data:`GAT_HEADS`); a user's model (``package.module:factory``) is estimated as GCN, one
     product a layer at the narrower width."""
-    if model == "gat":
+    if facts(model).attention:
         heads = getattr(args, "heads", None)
         return gat_kind(GAT_HEADS if heads is None else heads)
-    return model if model in ("gcn", "sage") else "gcn"
+    return facts(model).cost
 
 
 def format_table(rows, top: int) -> str:
@@ -169,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_PATH})")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per process while calibrating (1: one thread per rank)")
-    p.add_argument("--model", choices=("gcn", "sage", "gat"), default="gcn",
+    p.add_argument("--model", choices=built_in(), default="gcn",
                    help="layer type (gat: only the algorithms that run it are ranked)")
     p.add_argument("--heads", type=int, default=None,
                    help=f"--model gat: attention heads (default {GAT_HEADS}); --hidden is the "

@@ -40,6 +40,7 @@ import torch
 from gnnpar.datasets import Graph, InputError, load_dataset
 
 from .bootstrap import detect_world
+from .model_registry import facts
 from .cli_common import DefaultsHelpFormatter, run_cli
 from .inference import check_layerwise, embeddings_layer, forward_rows, layerwise
 from .launch import launch
@@ -115,7 +116,7 @@ def _spec(args, payload: dict) -> RunSpec:
             setattr(ns, key, value)
     ns.model, ns.layers, ns.hidden = payload["model"], payload["layers"], payload["hidden"]
     ns.dropout, ns.epochs = float(payload.get("dropout", 0.0)), 0
-    if payload["model"] == "gat":
+    if facts(payload["model"]).attention:
         ns.heads, ns.attn_dropout = payload.get("heads"), payload.get("attn_dropout")
     if args.batch_size is not None:
         if args.algo not in ("serial", "1d-halo"):

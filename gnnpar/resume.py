@@ -47,6 +47,7 @@ from gnnpar.datasets.owned import (check_claimable, check_identity, check_writab
                                    read_claim, write_marker)
 from gnnpar.sampling.neighbor import parse_fanouts
 
+from .model_registry import facts
 from .attention import GAT_HEADS
 from .checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock, agree_on_error,
                          agree_on_failure, agree_on_step, capture_rng, file_name, list_steps,
@@ -344,7 +345,7 @@ def attention_settings(spec) -> dict:
     :data:`~gnnpar.attention.GAT_HEADS`, ``--attn-dropout`` or ``--dropout``'s (a run that
     spells out a default is the same run as one that leaves it out); empty for other
     models."""
-    if spec.model != "gat":
+    if not facts(spec.model).attention:
         return {}
     heads, attn = spec.heads, spec.attn_dropout
     return {"heads": int(GAT_HEADS if heads is None else heads),
@@ -356,7 +357,7 @@ def as_recorded(meta: dict, recorded: Optional[dict]) -> dict:
     once recorded a GAT's ``heads``/``attn_dropout`` as given, None for the default, so where
     ``recorded`` has None and ``meta`` the default, None is kept (the same run: its folder
     stays resumable and keeps one identity throughout)."""
-    if not recorded or meta.get("model") != "gat":
+    if not recorded or not facts(meta.get("model")).attention:
         return meta
     defaults = {"heads": GAT_HEADS, "attn_dropout": meta.get("dropout")}
     return {k: None if k in defaults and k in recorded and recorded[k] is None

@@ -31,6 +31,7 @@ from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import writing_to
 
 from .attention import GAT_HEADS
+from .model_registry import facts
 from .link.decoders import build_decoder
 from .models import build_model
 
@@ -55,7 +56,7 @@ def model_payload(model: nn.Module, spec, shapes: Dict[str, int]) -> dict:
                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
     if spec.model_args:
         payload["model_args"] = dict(spec.model_args)
-    if spec.model == "gat":
+    if facts(spec.model).attention:
         payload["heads"] = int(GAT_HEADS if spec.heads is None else spec.heads)
         payload["attn_dropout"] = float(model.attn_dropout)
     return payload
@@ -102,7 +103,7 @@ def read_model_file(path: str) -> dict:
 def model_from_payload(payload: dict, source: str = "model file") -> nn.Module:
     """The model ``payload`` describes, with its weights, in evaluation mode."""
     kind = payload["model"]
-    gat = kind == "gat"
+    gat = facts(kind).attention
     try:
         model = build_model(kind, int(payload["f_in"]), int(payload["hidden"]),
                             int(payload["f_out"]), int(payload["layers"]),

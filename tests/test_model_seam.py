@@ -215,3 +215,16 @@ def test_a_saved_registered_layer_model_loads_in_python(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = load_model("m.pt")
     assert isinstance(model, GNN) and all(m.eps == 0.5 for m in model.layers)
+
+
+def test_the_model_table_agrees_with_the_layers_and_the_tools():
+    """gnnpar/model_registry.py's facts are the layers' own, and the tools read their names
+    from it."""
+    from gnnpar.model_registry import MODELS, USER, facts
+    from gnnpar.plan_cli import build_parser as plan_parser
+    for name, f in MODELS.items():
+        assert LAYERS[name].norm == f.norm, name
+        assert GNN(name, 4, 8, 2, 2, 0.0).norm == f.norm
+    assert facts(readme_layers.GIN_KIND) is USER and facts("gat").attention
+    choices = next(a.choices for a in plan_parser()._actions if a.dest == "model")
+    assert tuple(choices) == tuple(MODELS)
