@@ -60,8 +60,11 @@ def trace_path(root: str, argv: list, algo: str):
         values = []
         for name in names:
             v = local.get(name)
-            values.extend(v if isinstance(v, tuple) and name not in ("self",) else (v,))
-            if isinstance(v, dict) and name != "self":
+            if name == "self":
+                values.append(v)
+                continue
+            values.extend(v if isinstance(v, tuple) else (v,))
+            if isinstance(v, dict):
                 values.extend(v.values())
         if any(_carries(v, algo, entry) for v in values):
             where = os.path.relpath(os.path.realpath(code.co_filename), root)

@@ -47,8 +47,8 @@ BF16_EPS = 2.0 ** -8  # bf16 keeps 8 significant bits: relative rounding error â
 
 def _test_acc(g, precision, epochs, dropout=0.5, lr=0.01, seed=0):
     """The final test accuracy. Evaluated once, at the end: an evaluation draws nothing and
-    changes no weight, so the last record is the one evaluating every epoch gives, and bf16's
-    dense products (slow on some CPUs) made the per-epoch evaluations a third of the time."""
+    changes no weight, so the last record is the one evaluating every epoch gives, and on CPUs
+    whose bf16 dense products are slow, per-epoch evaluations were much of the test's time."""
     torch.manual_seed(seed)
     model = build_model("gcn", g.num_features, 64, g.num_classes, 2, dropout)
     rt = SerialRuntime(g, model.norm, torch.device("cpu"))

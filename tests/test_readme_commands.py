@@ -8,8 +8,8 @@ The user guide's (``docs/guide.md``) blocks on ``sbm:`` graphs run the same way 
 ``--epochs`` capped at 2 (:func:`short`: the commands, their flags and the files they leave
 are what is checked; 100 epochs of link training would add minutes and check nothing more);
 the others need a graph the suite cannot make in minutes (R-MAT at scale 16–23) or a folder
-the user has (an OGB download), so each of their commands is parsed by its tool's own parser instead: a
-renamed flag or a value out of its choices fails here.
+the user has (an OGB download), so each of their commands is parsed by its tool's own parser
+instead: a renamed flag or a value out of its choices fails here.
 
 Two kinds of line are checked rather than run: the set-up commands (what ``.ci/run`` does
 around this suite: the test command they print must be the one ``.ci/run`` runs) and
