@@ -1,4 +1,5 @@
-"""Full-batch training loop shared by the serial and every distributed runtime.
+"""Full-batch training shared by the serial and every distributed runtime (the epoch loop
+itself is every trainer's, :mod:`gnnpar.epochs`).
 
 A *runtime* (:class:`gnnpar.interfaces.Runtime`) supplies this rank's rows (``op``, ``x``,
 ``y``, ``masks``) and the collectives the loop needs (``all_reduce_sum``, ``all_reduce_max``,
@@ -16,16 +17,16 @@ parameters and optimiser stay float32.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
 
+from .epochs import memory_fields, run_epochs
 from .interfaces import SPLITS, CommStats, LayerOps, Reducer
 from .loss import summed_cross_entropy
-from .memory import RankMemory, peak_memory_bytes
+from .memory import RankMemory
 from .precision import autocast, check, matmuls
 
 
@@ -154,30 +155,31 @@ def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], No
     """Train ``model`` on ``runtime``; calls ``on_epoch(record)`` after every epoch.
 
     Returns the list of epoch records (the per-epoch fields of the JSON log,
-    ``docs/architecture.md``). ``memory`` (distributed runs, :class:`~gnnpar.memory.RankMemory`)
-    adds every rank's peak and data bytes to each record (one small all-reduce per epoch, in
-    place of the largest peak's).
-    An epoch whose global loss is NaN or infinite (the same on every rank) is the last: its
-    record is made and passed on, then training stops (the run has diverged).
+    ``docs/architecture.md``), made by the loop every trainer shares
+    (:func:`gnnpar.epochs.run_epochs`: the evaluation cadence, and the stop after an epoch
+    whose global loss is NaN or infinite, its record made and passed on). ``memory``
+    (distributed runs, :class:`~gnnpar.memory.RankMemory`) adds every rank's peak and data
+    bytes to each record (one small all-reduce per epoch, in place of the largest peak's).
     """
     opt = opt or make_optimizer(model, cfg)
     train_count = float(runtime.all_reduce_sum(runtime.masks["train"].sum().to(torch.float64)))
     runtime.comm_stats()  # reset the counters: setup traffic is not an epoch's
-    history = []
-    accs = {f"{s}_acc": float("nan") for s in SPLITS}
-    for epoch in range(start_epoch, cfg.epochs):
-        t0 = time.perf_counter()
+
+    def train(epoch: int) -> float:
         loss_sum = train_step(model, opt, runtime, train_count, cfg.precision)
-        loss = float(runtime.all_reduce_sum(loss_sum.reshape(1))[0]) / train_count
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            accs = evaluate(model, runtime, cfg.precision)
-        rec = {"epoch": epoch, "loss": loss, **accs, **epoch_costs(runtime, t0, memory)}
-        history.append(rec)
-        if on_epoch is not None:
-            on_epoch(rec)
-        if not math.isfinite(loss):  # diverged: every rank sees the same global loss
-            break
-    return history
+        return float(runtime.all_reduce_sum(loss_sum.reshape(1))[0]) / train_count
+
+    return run_epochs(cfg, train, lambda: evaluate(model, runtime, cfg.precision),
+                      costed_record(runtime, memory),
+                      {f"{s}_acc": float("nan") for s in SPLITS}, start_epoch, on_epoch)
+
+
+def costed_record(runtime, memory: Optional[RankMemory] = None):
+    """The record of a full-batch epoch (node or link task) for :func:`gnnpar.epochs.run_epochs`:
+    ``epoch``, the global ``loss``, the metrics, then :func:`epoch_costs`."""
+    def record(epoch: int, loss: float, metrics: Dict[str, float], t0: float) -> dict:
+        return {"epoch": epoch, "loss": loss, **metrics, **epoch_costs(runtime, t0, memory)}
+    return record
 
 
 def epoch_costs(runtime, t0: float, memory: Optional[RankMemory] = None) -> dict:
@@ -192,10 +194,8 @@ def epoch_costs(runtime, t0: float, memory: Optional[RankMemory] = None) -> dict
            "comm_s": stats.seconds, "comm_total_s": stats.total_seconds,
            "comm_timing": stats.timing, "comm_bytes": stats.bytes,
            "comm_bytes_max_rank": stats.bytes_max_rank}
-    if memory is not None:
-        rec.update(memory.record(runtime.all_reduce_sum))
-    else:
-        rec["peak_mem_bytes"] = peak_memory_bytes(runtime.x.device, runtime.all_reduce_max)
+    rec.update(memory_fields(memory, runtime.x.device, runtime.all_reduce_sum,
+                             runtime.all_reduce_max))
     return rec
 
 

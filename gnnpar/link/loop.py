@@ -16,17 +16,16 @@ one rank), the AUC and Hits@K from every rank's scores gathered.
 """
 from __future__ import annotations
 
-import math
-import time
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
+from gnnpar.epochs import run_epochs
 from gnnpar.interfaces import LayerOps
 from gnnpar.precision import autocast, matmuls
-from gnnpar.trainer import TrainConfig, epoch_costs, make_optimizer
+from gnnpar.trainer import TrainConfig, costed_record, make_optimizer
 
 from .decoders import summed_link_loss
 from .metrics import HITS, auc, hits_at, reciprocal_ranks
@@ -150,26 +149,21 @@ def fit_link(encoder, decoder, runtime, split: LinkSplit, cfg: TrainConfig, num_
              opt=None, memory=None):
     """Train ``encoder`` and ``decoder`` on ``runtime`` (the training graph's rows); one
     record an epoch (loss, the metrics, and the node trainer's time, traffic and memory
-    fields: :func:`gnnpar.trainer.epoch_costs`); stops after an epoch whose loss is not
-    finite. ``pairs_source``: None on one process, a
-    :class:`~gnnpar.link.exchange.PairExchange` on several."""
+    fields: :func:`gnnpar.trainer.costed_record`) from the loop every trainer shares
+    (:func:`gnnpar.epochs.run_epochs`: it stops after an epoch whose loss is not finite).
+    ``pairs_source``: None on one process, a :class:`~gnnpar.link.exchange.PairExchange` on
+    several."""
     check_ratio(neg_ratio)
     pairs_source = pairs_source or LocalPairs()
     opt = opt or make_optimizer(link_modules(encoder, decoder), cfg)
     runtime.comm_stats()  # reset the counters: setup traffic is not an epoch's
-    history = []
-    metrics = {}
-    for epoch in range(start_epoch, cfg.epochs):
-        t0 = time.perf_counter()
-        loss = link_step(encoder, decoder, opt, runtime, pairs_source, split, num_nodes,
+
+    def train(epoch: int) -> float:
+        return link_step(encoder, decoder, opt, runtime, pairs_source, split, num_nodes,
                          neg_ratio, seed, epoch, cfg.precision)
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-            metrics = evaluate_link(encoder, decoder, runtime, split, pairs_source,
-                                    cfg.precision)
-        rec = {"epoch": epoch, "loss": loss, **metrics, **epoch_costs(runtime, t0, memory)}
-        history.append(rec)
-        if on_epoch is not None:
-            on_epoch(rec)
-        if not math.isfinite(loss):
-            break
-    return history
+
+    def evaluate() -> Dict[str, float]:
+        return evaluate_link(encoder, decoder, runtime, split, pairs_source, cfg.precision)
+
+    return run_epochs(cfg, train, evaluate, costed_record(runtime, memory), {}, start_epoch,
+                      on_epoch)

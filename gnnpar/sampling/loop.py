@@ -40,15 +40,14 @@ layer, no sampling and no gradient — the accuracies are those of the full-batc
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable, Optional
 
 import torch
 
+from gnnpar.epochs import memory_fields, run_epochs
 from gnnpar.interfaces import SPLITS, CommStats, LayerOps, Reducer
 from gnnpar.loss import summed_cross_entropy
-from gnnpar.memory import peak_memory_bytes
 from gnnpar.precision import autocast, matmuls
 from gnnpar.trainer import TrainConfig, evaluate, make_optimizer, sync_device
 
@@ -119,47 +118,42 @@ def fit_minibatch(model, service: MacrobatchService, engine, eval_runtime, cfg: 
     """Train for epochs ``[start_epoch, cfg.epochs)``; ``eval_runtime`` is a full-batch
     :class:`~gnnpar.interfaces.Runtime` used only to evaluate. Returns the epoch records (the
     full-batch fields plus the sampling ones; ``memory``, a :class:`gnnpar.memory.RankMemory`,
-    adds every rank's peak and baseline). Stops after an epoch whose (global) loss is NaN
-    or infinite, on every rank at once. ``step`` (:func:`train_epoch`) and ``evaluate_on``
+    adds every rank's peak and baseline), from the loop every trainer shares
+    (:func:`gnnpar.epochs.run_epochs`: it stops after an epoch whose global loss is NaN or
+    infinite, on every rank at once). ``step`` (:func:`train_epoch`) and ``evaluate_on``
     (``evaluate_on(eval_runtime)`` → the record's metrics; None: the accuracies of
     :func:`gnnpar.trainer.evaluate`) are a task's own (link prediction:
     :func:`gnnpar.link.minibatch.link_minibatch_parts`)."""
     opt = opt or make_optimizer(model, cfg)
     engine.comm_stats()
-    service.start(start_epoch, cfg.epochs)
-    history = []
+    device = next(model.parameters()).device
     accs = {f"{s}_acc": float("nan") for s in SPLITS} if evaluate_on is None else {}
     evaluate_on = evaluate_on or (lambda rt: evaluate(model, rt, cfg.precision))
+
+    def train(epoch: int):
+        stats = SamplingStats()
+        loss_sum = train_epoch(model, opt, service, epoch, engine, stats, cfg.precision, step)
+        sync_device(device)  # queued GPU work is training time
+        return loss_sum, stats, time.perf_counter()
+
+    def record(epoch: int, trained, metrics: dict, t0: float) -> dict:
+        loss_sum, stats, trained_at = trained
+        sync_device(device)
+        epoch_s = time.perf_counter() - t0
+        grad = engine.comm_stats()
+        rec = {"epoch": epoch, **metrics, "epoch_s": epoch_s, "train_s": trained_at - t0}
+        rec.update(_reduced(engine, loss_sum, service.plan.total, grad, stats))
+        rec["compute_s"] = max(epoch_s - rec["comm_s"] - rec["stall_s"], 0.0)
+        rec["stall_share"] = rec["stall_s"] / epoch_s if epoch_s > 0 else 0.0
+        rec.update(memory_fields(memory, device, engine.all_reduce, engine.reducer.max_int))
+        return rec
+
+    service.start(start_epoch, cfg.epochs)
     try:
-        for epoch in range(start_epoch, cfg.epochs):
-            t0 = time.perf_counter()
-            stats = SamplingStats()
-            loss_sum = train_epoch(model, opt, service, epoch, engine, stats, cfg.precision,
-                                   step)
-            sync_device(next(model.parameters()).device)  # queued GPU work is training time
-            train_s = time.perf_counter() - t0
-            if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
-                accs = evaluate_on(eval_runtime)
-            sync_device(next(model.parameters()).device)
-            epoch_s = time.perf_counter() - t0
-            grad = engine.comm_stats()
-            rec = {"epoch": epoch, **accs, "epoch_s": epoch_s, "train_s": train_s}
-            rec.update(_reduced(engine, loss_sum, service.plan.total, grad, stats))
-            rec["compute_s"] = max(epoch_s - rec["comm_s"] - rec["stall_s"], 0.0)
-            rec["stall_share"] = rec["stall_s"] / epoch_s if epoch_s > 0 else 0.0
-            if memory is not None:
-                rec.update(memory.record(engine.all_reduce))
-            else:
-                rec["peak_mem_bytes"] = peak_memory_bytes(next(model.parameters()).device,
-                                                          engine.reducer.max_int)
-            history.append(rec)
-            if on_epoch is not None:
-                on_epoch(rec)
-            if not math.isfinite(rec["loss"]):  # diverged: the loss is global, all ranks stop
-                break
+        return run_epochs(cfg, train, lambda: evaluate_on(eval_runtime), record, accs,
+                          start_epoch, on_epoch)
     finally:
         service.close()
-    return history
 
 
 def _reduced(engine, loss_sum, total, grad: CommStats, st: SamplingStats) -> dict:
