@@ -12,7 +12,7 @@ import errno
 import math
 import os
 import re
-from typing import Tuple
+from typing import Optional, Tuple
 
 from .errors import InputError
 
@@ -22,8 +22,10 @@ except ImportError:  # not a Unix: no rlimits
     resource = None
 
 #: environment variable holding the memory limit in bytes (the ``--max-memory`` of gnnpar-train,
-#: gnnpar-partition and gnnpar-plan sets it, ``gnnpar.cli_common.apply_max_memory``, so spawned
-#: ranks and forked jobs inherit it); units are accepted too: ``64GiB``, ``2e11``.
+#: gnnpar-partition and gnnpar-plan sets it when their work starts,
+#: ``gnnpar.cli_common.apply_max_memory``, so spawned ranks and forked jobs inherit it; their
+#: flag checks judge by the flag's value without setting it); units are accepted too:
+#: ``64GiB``, ``2e11``.
 MAX_BYTES_ENV = "GNNPAR_MAX_BYTES"
 #: share of this machine's memory (physical RAM, the cgroup limit or ``ulimit -v``, the
 #: smallest) that an input may need before it is refused, when no limit is set.
@@ -99,8 +101,11 @@ def address_space_limit():
     return None if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
 
 
-def memory_limit() -> Tuple[float, str]:
-    """(bytes an input may need, where that limit comes from)."""
+def memory_limit(max_bytes: Optional[float] = None) -> Tuple[float, str]:
+    """(bytes an input may need, where that limit comes from): ``max_bytes`` when given (a
+    ``--max-memory`` being checked), else :data:`MAX_BYTES_ENV`, else a share of the machine."""
+    if max_bytes is not None:
+        return max_bytes, "set by --max-memory"
     text = os.environ.get(MAX_BYTES_ENV, "").strip()
     if text:
         try:
@@ -115,10 +120,11 @@ def memory_limit() -> Tuple[float, str]:
                                           f"{format_bytes(total)}")
 
 
-def check_memory(nbytes: float, what: str) -> None:
-    """Refuse work whose estimated memory ``nbytes`` is over :func:`memory_limit`, naming
-    ``what`` needs it and how to raise the limit. The one place every size estimate is judged."""
-    limit, source = memory_limit()
+def check_memory(nbytes: float, what: str, max_bytes: Optional[float] = None) -> None:
+    """Refuse work whose estimated memory ``nbytes`` is over :func:`memory_limit`
+    (``max_bytes``: a limit given explicitly), naming ``what`` needs it and how to raise the
+    limit. The one place every size estimate is judged."""
+    limit, source = memory_limit(max_bytes)
     if nbytes > limit:
         raise InputError(f"{what} needs about {format_bytes(nbytes)} of memory, over the limit of "
                          f"{format_bytes(limit)} ({source}); if the machine really has that much, "

@@ -119,18 +119,29 @@ def add_max_memory_arg(p) -> None:
                         "(default: env GNNPAR_MAX_BYTES, else 80%% of this machine's memory)")
 
 
-def apply_max_memory(args) -> None:
-    """``--max-memory``: checked, and put in the environment (``GNNPAR_MAX_BYTES``), where
-    the size checks, forked jobs and spawned ranks read it. Called before any work."""
-    if getattr(args, "max_memory", None) is None:
-        return
+def max_memory_bytes(text: "str | None") -> "float | None":
+    """``--max-memory``'s value ``text`` checked, in bytes (None when not given): what the
+    flag checks judge sizes by. Checking changes nothing; :func:`apply_max_memory` makes it
+    the limit of the work."""
+    if text is None:
+        return None
     try:
-        value = parse_bytes(args.max_memory)
+        value = parse_bytes(text)
     except InputError as e:
         raise InputError(f"--max-memory: {e}") from None
     if value <= 0:
-        raise InputError(f"--max-memory must be > 0, got {args.max_memory}")
-    os.environ[MAX_BYTES_ENV] = repr(float(value))
+        raise InputError(f"--max-memory must be > 0, got {text}")
+    return value
+
+
+def apply_max_memory(text: "str | None") -> None:
+    """Make ``--max-memory``'s value ``text`` (checked, :func:`max_memory_bytes`) the limit of
+    the work about to start: put in the environment (``GNNPAR_MAX_BYTES``), where this
+    process's size checks, its forked jobs and its spawned ranks read it. Called when the
+    work starts, after the flags are checked (the checks themselves write nothing)."""
+    value = max_memory_bytes(text)
+    if value is not None:
+        os.environ[MAX_BYTES_ENV] = repr(float(value))
 
 
 def run_cli(body: Callable[[], int], debug: bool, prog: str) -> int:

@@ -30,6 +30,7 @@ from gnnpar.kernels.cpu_spmm import size_pool
 from gnnpar.partitioners.shards import read_meta
 
 from .bootstrap import WorldInfo, detect_world, init_distributed, resolve_backend, shutdown
+from .cli_common import apply_max_memory
 from .plan_cli import plan
 from .rank import run_rank
 from .shard_source import (ShardSource, check_shard_flags, has_shards, load_graph,
@@ -49,6 +50,7 @@ def launch(spec: RunSpec, job: Callable = run_rank) -> dict:
     (this process serially, every ``--nprocs`` rank alike; without it a rank gets cores /
     ranks). A mini-batch run's sampler threads come on top at the lowest OS priority on the
     CPU (:mod:`gnnpar.sampling.service`), using what the trainer leaves idle."""
+    apply_max_memory(spec.max_memory)  # the limit of the load, the shards and the spawned ranks
     if spec.threads:
         torch.set_num_threads(spec.threads)
     size_pool(torch.get_num_threads())  # a launcher's rank: its share, not every core

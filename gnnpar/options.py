@@ -19,13 +19,13 @@ from gnnpar.partitioners.shards import read_meta
 from gnnpar.precision import PRECISIONS
 
 from .attention import check_heads
-from .cli_common import DefaultsHelpFormatter, check_bounds
+from .cli_common import DefaultsHelpFormatter, check_bounds, max_memory_bytes
 from .custom_model import is_custom, model_args_dict, parse_model_arg
 from .link.options import add_link_args, check_link_args
 from .model_registry import built_in, facts
 from .models import check_model
 from .predict_files import check_out
-from .plan_cli import add_max_memory_arg, add_model_args, apply_max_memory, check_model_args
+from .plan_cli import add_max_memory_arg, add_model_args, check_model_args
 from .logged import check_log_free
 from .resume import check_checkpoint_args
 from .trainer import LINK_WEIGHT_DECAY, NODE_WEIGHT_DECAY
@@ -252,8 +252,7 @@ def check_args(args) -> None:
     check_model_name(args)
     check_attention_args(args)
     check_model_args(args)
-    apply_max_memory(args)
-    check_sizes(args)
+    check_sizes(args, max_memory_bytes(args.max_memory))
     check_output_paths(args)
     check_checkpoint_args(args)
 
@@ -294,21 +293,22 @@ def check_attention_args(args) -> None:
         raise InputError(f"--attn-dropout must be in [0, 1), got {args.attn_dropout}")
 
 
-def check_sizes(args) -> None:
+def check_sizes(args, max_bytes=None) -> None:
     """What the flags alone say about memory: the spawned ranks, and the model's weights with
     their gradients and Adam state (16 bytes a parameter), against
-    :func:`gnnpar.datasets.graph.check_memory`. The input and output widths are those of the
-    shards in ``--partition-dir`` when it holds them (their ``num_classes`` also checked against
-    the node count, as a dataset's is), else at least one feature each."""
+    :func:`gnnpar.datasets.limits.check_memory` (``max_bytes``: ``--max-memory``'s bytes). The
+    input and output widths are those of the shards in ``--partition-dir`` when it holds them
+    (their ``num_classes`` also checked against the node count, as a dataset's is), else at
+    least one feature each."""
     if args.nprocs:
         check_memory(args.nprocs * RANK_PROCESS_BYTES,
-                     f"--nprocs {args.nprocs} (a process per rank)")
+                     f"--nprocs {args.nprocs} (a process per rank)", max_bytes)
     f_in, f_out, where = _shard_widths(args.partition_dir)
     per = 2 if args.model == "sage" else 1
     params = per * (args.hidden * args.hidden * max(args.layers - 2, 0)
                     + args.hidden * (f_in + f_out))
     check_memory(16 * params, f"--hidden {args.hidden} with --layers {args.layers}{where} "
-                              "(weights, gradients and Adam state)")
+                              "(weights, gradients and Adam state)", max_bytes)
 
 
 def _shard_widths(partition_dir):

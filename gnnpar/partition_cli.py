@@ -52,7 +52,8 @@ from gnnpar.partitioners.shard_build import ShardBuilder, check_norms
 from gnnpar.partitioners.shard_folder import check_shard_disk, shard_writer
 from gnnpar.partitioners.shards import dataset_source
 
-from .cli_common import add_max_memory_arg, apply_max_memory, check_bounds, run_cli
+from .cli_common import (add_max_memory_arg, apply_max_memory, check_bounds, max_memory_bytes,
+                         run_cli)
 
 PROG = "gnnpar-partition"
 
@@ -116,6 +117,7 @@ def run(args) -> int:
             print(f"[{PROG}] {msg}", file=sys.stderr, flush=True)
 
     grid, norms = check_flags(args)
+    apply_max_memory(args.max_memory)  # the limit of the load and of the forked jobs
     if not args.out and not args.report:
         raise InputError("nothing to do: give --out DIR to write shards, --report to print "
                          "quality, or both")
@@ -174,7 +176,7 @@ def check_flags(args):
     ``--max-memory``, the dataset spec, ``--grid``, ``--norms``, ``--imbalance``, and no
     partitioner setting the chosen method would ignore. Returns ``(grid or None, norms)``."""
     check_bounds(args)  # --parts, --seed, --threads, --jobs, --feat-width
-    apply_max_memory(args)
+    max_memory_bytes(args.max_memory)
     parse_spec(args.dataset)  # its keys and values; the files it names are read by the load
     grid = GridSpec.parse(args.grid) if args.grid else None
     if grid is not None and grid.size != args.parts:

@@ -207,7 +207,7 @@ def run_calibrate(args) -> int:
 
 def run(args) -> int:
     check_bounds(args)  # --threads, --seed, --hidden, --layers: before any work
-    apply_max_memory(args)  # the probe's graphs are judged by it too
+    apply_max_memory(args.max_memory)  # the probe's graphs are judged by it too
     if args.calibrate:
         return run_calibrate(args)
     if args.world is None:

@@ -27,7 +27,9 @@ from gnnpar.datasets.limits import (DEFAULT_MEMORY_SHARE, MAX_BYTES_ENV, machine
                                    memory_limit)
 from gnnpar.datasets.normalize import union_structure, values_for
 from gnnpar.datasets.readers import read_npz
+from gnnpar.options import build_parser
 from gnnpar.plan_cli import main as plan_main
+from gnnpar.spec import RunSpec
 from gnnpar.train import main
 
 SMALL = "sbm:n=300,blocks=3,p_in=0.05,p_out=0.005,feat=8,seed=1"
@@ -152,6 +154,21 @@ def test_max_memory_raises_and_lowers_the_limit(capsys):
                      "--max-memory", "50KB"], "rmat scale=8", "KiB", "--max-memory")
     assert main(["--dataset", spec, "--epochs", "1", "--quiet", "--hidden", "4",
                  "--max-memory", "1GiB"]) == 0
+
+
+def test_checking_max_memory_writes_nothing(monkeypatch):
+    """Checking the flags judges sizes by --max-memory without putting it in the environment;
+    the run puts it there when its work starts (where its ranks read it)."""
+    monkeypatch.delenv(MAX_BYTES_ENV)
+    flags = ["--dataset", TINY, "--epochs", "1", "--quiet", "--hidden", "64"]
+    RunSpec.from_args(build_parser().parse_args([*flags, "--max-memory", "1GiB"]))
+    assert MAX_BYTES_ENV not in os.environ
+    with pytest.raises(InputError, match=r"--hidden 64 .*over the limit of 1000 B "
+                                         r"\(set by --max-memory\)"):
+        RunSpec.from_args(build_parser().parse_args([*flags, "--max-memory", "1000"]))
+    assert MAX_BYTES_ENV not in os.environ
+    assert main([*flags, "--max-memory", "1GiB"]) == 0
+    assert float(os.environ[MAX_BYTES_ENV]) == 2 ** 30
 
 
 def test_default_limit_is_a_share_of_this_machine(monkeypatch):
