@@ -17,6 +17,7 @@ import torch
 
 from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.comm import Comm
+from gnnpar.kernels.entry import Algorithm
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.kernels.local import as_tensor
 from gnnpar.partitioners.node_stream import release
@@ -31,20 +32,23 @@ class DistRuntime(RuntimeCollectives):
     """One rank's view of a distributed full-batch run.
 
     ``shard`` (``gnnpar.partitioners`` Shard) gives the rows this rank owns (an operator may
-    own others: ``row_ids``, e.g. with ``permute=True``); ``algo`` picks the operator (3d/4d
-    with ``layers=L`` give a list, one per layer). Weights are replicated and every rank owns
-    distinct rows in every algorithm, so the ranks sharing a weight block are all ranks:
-    gradients are summed over every axis once per step. The grid must hold the group of all
-    its axes together (the registry entry's ``make_grid`` builds it,
-    :mod:`gnnpar.kernels.algorithms`).
+    own others: ``row_ids``, e.g. with ``permute=True``); ``algo`` (its name or registry
+    entry) picks the operator (3d/4d with ``layers=L`` give a list, one per layer). Weights
+    are replicated and every rank owns distinct rows in every algorithm, so the ranks sharing
+    a weight block are all ranks: gradients are summed over every axis once per step. The
+    grid must hold the group of all its axes together (the registry entry's ``make_grid``
+    builds it, :mod:`gnnpar.kernels.algorithms`).
     """
 
-    def __init__(self, grid: ProcessGrid, shard, algo: str, norm: str, device="cpu",
+    def __init__(self, grid: ProcessGrid, shard, algo, norm: str, device="cpu",
                  wire_dtype=None, **algo_kw):
-        self.grid, self.algo, self.device = grid, algo, torch.device(device)
+        # ``algo``: the registry entry (passed down by the caller that made the grid with it)
+        # or its name
+        entry = algo if isinstance(algo, Algorithm) else algorithm(algo)
+        self.grid, self.algo, self.device = grid, entry.name, torch.device(device)
         self.comm = Comm(grid, wire_dtype)
         with self.comm.in_phase("setup"):
-            self.op = algorithm(algo).build(shard, self.comm, norm, self.device, **algo_kw)
+            self.op = entry.build(shard, self.comm, norm, self.device, **algo_kw)
         # a list holds one operator per layer (3d/4d axis rotation); they own the same rows
         first = self.op[0] if isinstance(self.op, (list, tuple)) else self.op
         rows = first.row_ids if hasattr(first, "row_ids") else None

@@ -34,7 +34,7 @@ def fullbatch_runtime(spec: RunSpec, world: int, data: Union[Graph, Shard], norm
         return SerialRuntime(data, norm, device)
     entry = algorithm(spec.algo)
     process_grid = entry.make_grid(world, spec.grid_dims, spec.replication or 1)
-    runtime = DistRuntime(process_grid, data, spec.algo, norm, device,
+    runtime = DistRuntime(process_grid, data, entry, norm, device,
                           WIRE_DTYPES[spec.comm_dtype], **entry.options(spec))
     if watchdog is not None:
         runtime.comm.on_phase = watchdog.set_phase
