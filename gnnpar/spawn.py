@@ -149,7 +149,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
                         EXIT_PREEMPTED)) from None
                 procs.append(p)
             sigterm.started()
-            return Collector(procs, results, timeout_s, beats, beat_s, sigterm).run()
+            out = Collector(procs, results, timeout_s, beats, beat_s, sigterm).run()
+            _let_leave(procs, LEAVE_S)
+            return out
         finally:
             for p in procs:
                 if p.is_alive():
@@ -160,6 +162,22 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         sigterm.restore()
+
+
+#: seconds ranks that have all reported their results get to leave on their own before the
+#: rest are killed
+LEAVE_S = 5.0
+
+
+def _let_leave(procs, within_s: float) -> None:
+    """Wait up to ``within_s`` in all for ranks that have reported to exit by themselves. A
+    rank's exit runs its interpreter's clean-up, which a kill would skip: numba's thread pool
+    made a named semaphore in the rank (multiprocessing's resource tracker holds its name),
+    and a rank killed before its finaliser unlinked it left the tracker to warn of a "leaked
+    semaphore" at the launcher's exit, or, killed half-way, of one already gone."""
+    deadline = time.monotonic() + within_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
 
 
 class _SigtermForwarder:

@@ -28,6 +28,18 @@ ENV = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1",
 
 
 # ---------------------------------------------------------------- rank bodies (spawned)
+def marks_at_exit(rank, world, folder, delay_s):
+    """Returns at once; its interpreter's exit clean-up (a multiprocessing finaliser, as the
+    one that unlinks numba's named semaphore) writes ``folder/rank<r>`` after ``delay_s``."""
+    from multiprocessing import util
+
+    def mark():
+        time.sleep(delay_s)
+        open(os.path.join(folder, f"rank{rank}"), "w").close()
+    util.Finalize(None, mark, exitpriority=1)
+    return rank
+
+
 def stop_while_peers_wait(rank, world, victim, how):
     """Every rank meets once; then ``victim`` stops while the others wait for it in an
     all-reduce (gloo gives up after the same timeout the heartbeat has)."""
@@ -78,6 +90,13 @@ def test_a_stopped_rank_is_named_not_the_ranks_waiting_for_it(how):
     assert info.value.failure.kind == "hung", info.value.headline
     assert ("stopped" in info.value.headline) == (how == "sigstop"), info.value.headline
     assert elapsed < 30, elapsed  # the ranks' start, then about one timeout
+
+
+def test_ranks_that_reported_leave_through_their_clean_up(tmp_path):
+    """Ranks that have sent their results exit by themselves, their interpreters' clean-up run
+    (killed at once, numba's named semaphore was left for the resource tracker to warn of)."""
+    assert spawn(marks_at_exit, 2, args=(str(tmp_path), 0.5), threads=1) == [0, 1]
+    assert sorted(os.listdir(tmp_path)) == ["rank0", "rank1"]
 
 
 def test_a_healthy_run_longer_than_the_timeout_is_not_cut_short():
