@@ -18,14 +18,19 @@ from gnnpar.datasets.limits import disk_full_message, is_disk_full
 from .watchdog import EXIT_PREEMPTED, looks_like_comm_error
 
 
+class JoinFailure(RuntimeError):
+    """A rank, or a peer, could not join the process group; no rank ran its work."""
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """How a rank failed, carried to the parent as data (never parsed from text): ``kind``
-    ``"input"`` (an :class:`~gnnpar.datasets.InputError`, exit 2), ``"exit"``
-    (``SystemExit``; ``exit_code``) or ``"error"`` as the rank reported it; or, as the parent
-    saw it, ``"died"`` (no report), ``"hung"`` (its heartbeat stopped) or ``"preempted"``
-    (SIGTERM; exit code 143); ``message``: the exception's own text or the parent's
-    finding; ``detail``: the exception's type and traceback."""
+    ``"input"`` (an :class:`~gnnpar.datasets.InputError`, exit 2), ``"join"`` (it or a peer
+    could not join the process group, so no rank ran its work: :mod:`gnnpar.rank_join`),
+    ``"exit"`` (``SystemExit``; ``exit_code``) or ``"error"`` as the rank reported it; or, as
+    the parent saw it, ``"died"`` (no report), ``"hung"`` (its heartbeat stopped) or
+    ``"preempted"`` (SIGTERM; exit code 143); ``message``: the exception's own text or the
+    parent's finding; ``detail``: the exception's type and traceback."""
 
     kind: str
     message: str
@@ -37,6 +42,8 @@ class RankFailure:
         detail = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         if isinstance(e, InputError):
             return cls("input", str(e), 2, detail)
+        if isinstance(e, JoinFailure):
+            return cls("join", str(e), None, detail)
         if is_disk_full(e):  # the user's disk, not a bug (as cli_common.run_cli says it)
             return cls("input", disk_full_message(e), 2, detail)
         if isinstance(e, SystemExit):

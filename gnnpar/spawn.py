@@ -3,9 +3,11 @@
 Ranks are forked from a fork server that has imported torch and gnnpar once
 (:mod:`gnnpar.rank_start`: why, and how each rank still gets the caller's environment and
 folder). Each child initialises a ``torch.distributed`` process group (gloo by default) through a
-file store in a private temporary folder, so no port can collide. A child's exception comes
-back to the parent with its traceback; if one child fails, dies or stops (its heartbeat
-thread falls silent for ``timeout_s``), the others are killed and the parent raises
+file store in a private temporary folder (no store port to collide). A child's exception comes
+back to the parent with its traceback. A world in which a rank could not join the process
+group (so none ran its work, :mod:`gnnpar.rank_join`) is started once more, with a line on
+stderr. If one child fails, dies or stops (its heartbeat thread falls silent for
+``timeout_s``), the others are killed and the parent raises
 :class:`SpawnError` naming that rank. A healthy run is never cut short: there is no deadline
 on the run, only on silence (:class:`~gnnpar.rank_watch.Collector`). No child outlives the
 call.
@@ -19,10 +21,10 @@ SIGKILLed cannot remove it; the next :func:`spawn` on that host removes such sta
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence
@@ -30,9 +32,10 @@ from typing import Any, Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from gnnpar.kernels.comm import import_dynamo_first, init_process_group
+from gnnpar.kernels.comm import import_dynamo_first
 from gnnpar.kernels.cpu_spmm import size_pool
 
+from .rank_join import join
 from .rank_start import adopt, caller_state
 from .rank_start import context as rank_context
 from .rank_watch import Collector, RankFailure, SpawnError, beat_interval
@@ -55,8 +58,7 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
             size_pool(threads)
         if dynamo_first:
             import_dynamo_first()
-        init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
-                           world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        join(backend, store_path, rank, world, timeout_s)
         try:
             out = fn(rank, world, *args)
         except BaseException:
@@ -64,7 +66,8 @@ def _child(fn, rank, world, store_path, backend, timeout_s, threads, args, resul
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
             raise
-        dist.destroy_process_group()
+        if dist.is_initialized():  # fn may have left the group itself
+            dist.destroy_process_group()
         results.put((rank, True, out))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, RankFailure.of(e)))
@@ -117,11 +120,40 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
     Raises :class:`SpawnError` naming the rank: ``failure.kind`` is ``"died"`` (the process
     ended without a report), ``"hung"`` (its heartbeat stopped), ``"preempted"`` (SIGTERM
     reached the ranks before every one could leave through its own handler; exit code 143),
-    or the rank's own report (``"input"``, ``"exit"``, ``"error"``).
+    or the rank's own report (``"input"``, ``"exit"``, ``"error"``, or ``"join"``: a rank could
+    not join the process group in either of the :data:`JOIN_TRIES` worlds started).
     """
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     threads = threads or max(1, usable_cores() // nprocs)
+    return retry_unjoined(
+        lambda: _spawn_world(fn, nprocs, args, backend, timeout_s, threads, dynamo_first),
+        JOIN_TRIES, lambda line: print(line, file=sys.stderr, flush=True))
+
+
+#: how many times a world whose ranks could not all join is started (see :mod:`rank_join`)
+JOIN_TRIES = 2
+
+
+def retry_unjoined(start_world: Callable[[], List[Any]], tries: int,
+                   say: Callable[[str], None]) -> List[Any]:
+    """``start_world()``, started again (up to ``tries`` times in all) while it fails because
+    a rank could not join the process group: then no rank ran any of its work
+    (:func:`gnnpar.rank_join.join`), so starting again repeats nothing. Every other failure,
+    and the last try's, is raised as it came; each retry is said in one line."""
+    for attempt in range(1, tries + 1):
+        try:
+            return start_world()
+        except SpawnError as e:
+            if e.failure.kind != "join" or attempt == tries:
+                raise
+            say(f"gnnpar: {e.failure.message}; starting the ranks again "
+                f"(try {attempt + 1} of {tries})")
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _spawn_world(fn, nprocs, args, backend, timeout_s, threads, dynamo_first) -> List[Any]:
+    """One world of ``nprocs`` ranks, from its own rendezvous folder to its last rank."""
     ctx = rank_context()
     results = ctx.Queue()
     beats = ctx.RawArray("Q", nprocs)  # one heartbeat counter per rank
