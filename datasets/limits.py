@@ -23,7 +23,7 @@ except ImportError:  # not a Unix: no rlimits
 
 #: environment variable holding the memory limit in bytes (the ``--max-memory`` of gnnpar-train,
 #: gnnpar-partition and gnnpar-plan sets it when their work starts,
-#: ``gnnpar.cli_common.apply_max_memory``, so spawned ranks and forked jobs inherit it; their
+#: ``gnnpar.cli.cli_common.apply_max_memory``, so spawned ranks and forked jobs inherit it; their
 #: flag checks judge by the flag's value without setting it); units are accepted too:
 #: ``64GiB``, ``2e11``.
 MAX_BYTES_ENV = "GNNPAR_MAX_BYTES"

@@ -17,7 +17,7 @@ training step faster (``docs/performance.md`` has the figures). ``gnnpar-train``
 ``auto``, is ``degree`` for a single-process full-batch run (hubs first, cheap: one sort) and
 ``none`` for mini batch and distributed runs, where no gain is shown (and the ``block``
 partitioner would put every hub on one rank);
-:func:`gnnpar.shard_source.resolve_reorder` settles it. Library calls (``load_dataset``,
+:func:`gnnpar.training.shard_source.resolve_reorder` settles it. Library calls (``load_dataset``,
 ``SerialRuntime``) never reorder on their own.
 
 The reordered graph is the same graph: every array is permuted alike, so training is the same

@@ -37,10 +37,14 @@ if not _os.path.isdir(_os.path.join(_here, "kernels")) and all(
     __path__.append(_root)  # noqa: F821  (package __path__)
 
 
+from gnnpar import _moved  # noqa: E402  (old module paths keep working, with a warning)
+
+_moved.install()
+
 #: the library's functions, each imported from its module on first use (PEP 562), so that
 #: ``import gnnpar`` stays light (no torch) for the tools that do not need them
-_API = {"load_model": "gnnpar.saved_model", "predict": "gnnpar.predict",
-        "register_layer": "gnnpar.models"}
+_API = {"load_model": "gnnpar.infer.saved_model", "predict": "gnnpar.predict",
+        "register_layer": "gnnpar.nn.models"}
 
 
 def __getattr__(name):

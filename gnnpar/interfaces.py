@@ -1,10 +1,12 @@
 """The contracts between gnnpar's layers, written as code (``docs/architecture.md`` draws them).
 
-- :class:`Runtime` — what the full-batch loop (:func:`gnnpar.trainer.fit`) trains on:
-  :class:`gnnpar.serial.SerialRuntime` and :class:`gnnpar.distributed.DistRuntime`.
+- :class:`Runtime` — what the full-batch loop (:func:`gnnpar.training.trainer.fit`) trains on:
+  :class:`gnnpar.training.serial.SerialRuntime` and
+  :class:`gnnpar.training.distributed.DistRuntime`.
 - :class:`MiniBatchEngine` — how a mini-batch step runs its blocks and combines gradients
-  (:func:`gnnpar.sampling.loop.fit_minibatch`): :class:`~gnnpar.sampling.loop.DataParallel`
-  and :class:`~gnnpar.sampling.grouped.GroupEngine`.
+  (:func:`gnnpar.training.minibatch_loop.fit_minibatch`):
+  :class:`~gnnpar.training.minibatch_loop.DataParallel` and
+  :class:`~gnnpar.sampling.grouped.GroupEngine`.
 - :class:`ShardRows` / :class:`Shard` — the rows of Â a kernel builder reads, and one rank's
   part of a dataset as partitioners write it (:class:`gnnpar.partitioners.shard_build.Shard`).
 - :class:`CommStats` — one epoch's communication, the one shape every runtime and engine
@@ -147,7 +149,7 @@ class LayerOps:
     serves every layer (``ops[i]`` is it for any i); ``3d``/``4d`` give one a layer (their grid
     axes rotate from layer to layer) and mini batch one sampled block a layer, outermost
     (input layer) first. A model indexes by layer and never needs to know which: the
-    trainers hand every model (``gnnpar.models.GNN`` and a ``--model package.module:factory``
+    trainers hand every model (``gnnpar.nn.models.GNN`` and a ``--model package.module:factory``
     one alike) a ``LayerOps``. ``layers``: the operators' count when there is one a layer,
     else None. Made from an operator, a list of them, or another ``LayerOps`` (whose
     ``input_dropout`` it keeps unless given).
@@ -155,7 +157,7 @@ class LayerOps:
     ``input_dropout``: the drop probability the input features already went through
     (inverted dropout by the mini-batch sampler as it assembled the minibatch,
     :mod:`gnnpar.sampling.service`), so a model must not drop them again; None when they
-    did not. :class:`gnnpar.models.GNN` honours it; a model of one's own is never handed
+    did not. :class:`gnnpar.nn.models.GNN` honours it; a model of one's own is never handed
     dropped features (the sampler drops them only for ``GNN``)."""
 
     def __init__(self, ops, input_dropout: Optional[float] = None):
@@ -182,7 +184,7 @@ class LayerOps:
 
 @runtime_checkable
 class Runtime(Protocol):
-    """This rank's rows and the collectives :func:`gnnpar.trainer.fit` needs.
+    """This rank's rows and the collectives :func:`gnnpar.training.trainer.fit` needs.
 
     ``op``: the aggregation operator handed to the model (one, or one per layer);
     ``x`` (n_local, f), ``y`` (n_local,), ``masks``: :data:`SPLITS` → bool (n_local,).

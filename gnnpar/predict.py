@@ -18,7 +18,7 @@ Layer-wise, in chunks of 4096 rows (a model trained with ``--mode minibatch``)::
 torchrun / srun / mpirun: ``torchrun --nproc-per-node 4 -m gnnpar.predict --algo 2d --grid
 2x2 --partition-dir shards/ --model-file model.pt --out preds/``.
 
-The files and their order are the contract of :mod:`gnnpar.predict_files`. Exit codes as
+The files and their order are the contract of :mod:`gnnpar.infer.predict_files`. Exit codes as
 ``gnnpar-train``'s (0 success, 2 bad input, 1 internal error, 3 a lost rank).
 
 In Python, this module is also the function ``gnnpar.predict(model, data, ...)``
@@ -39,20 +39,21 @@ import torch
 
 from gnnpar.datasets import Graph, InputError, load_dataset
 
-from .bootstrap import detect_world
-from .model_registry import facts
-from .cli_common import DefaultsHelpFormatter, run_cli
-from .inference import check_layerwise, embeddings_layer, forward_rows, layerwise
-from .launch import launch
-from .link.scoring import read_pairs
-from .options import (_inputs, _overlaps, _shard_widths, add_data_args, add_distributed_args,
+from gnnpar.launcher.bootstrap import detect_world
+from gnnpar.nn.model_registry import facts
+from gnnpar.cli.cli_common import DefaultsHelpFormatter, run_cli
+from gnnpar.infer.inference import check_layerwise, embeddings_layer, forward_rows, layerwise
+from gnnpar.launcher.launch import launch
+from gnnpar.link.scoring import read_pairs
+from gnnpar.cli.options import (_inputs, _overlaps, _shard_widths, add_data_args,
+                                add_distributed_args,
                       parser_defaults)
-from .precision import PRECISIONS
-from .predict_files import check_out
-from .prediction import LayerwiseRows, PredictJob, check_widths, predict_rank
-from .saved_model import model_from_payload, read_model_file
-from .serial import SerialRuntime
-from .spec import RunSpec
+from gnnpar.nn.precision import PRECISIONS
+from gnnpar.infer.predict_files import check_out
+from gnnpar.infer.prediction import LayerwiseRows, PredictJob, check_widths, predict_rank
+from gnnpar.infer.saved_model import model_from_payload, read_model_file
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.cli.spec import RunSpec
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import sys
 
-from .cli_common import EXIT_DIVERGED, run_cli
-from .launch import launch
-from .options import build_parser
-from .spec import RunSpec
+from gnnpar.cli.cli_common import EXIT_DIVERGED, run_cli
+from gnnpar.launcher.launch import launch
+from gnnpar.cli.options import build_parser
+from gnnpar.cli.spec import RunSpec
 
 
 def run(args) -> int:
-    """Check the flags into a :class:`~gnnpar.spec.RunSpec`, run it, report."""
+    """Check the flags into a :class:`~gnnpar.cli.spec.RunSpec`, run it, report."""
     spec = RunSpec.from_args(args)
     return _finish(launch(spec), spec)
 

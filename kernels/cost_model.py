@@ -21,7 +21,7 @@ Evaluation passes (phase ``eval``) are not part of an epoch.
 
 **The run's own blocks and wire.** :func:`predict` and :func:`rank_algorithms` model what
 ``gnnpar-train`` builds, not a second idea of it: the algorithm's own option rule (its registry
-entry's, the call :mod:`gnnpar.rank` makes) turns the run's settings into builder options
+entry's, the call :mod:`gnnpar.training.rank` makes) turns the run's settings into builder options
 (:func:`run_options`), and :func:`~gnnpar.kernels.blocks.layout_owner`, the code the builders
 lay their blocks out with, turns the partition into the ownership the blocks are built on —
 the seeded balanced layout for 2d/3d/4d under ``--block-layout balanced``, the partition for
@@ -40,7 +40,7 @@ structure and a partition (``structure=`` in :func:`rank_algorithms`, ``gnnpar-p
 estimate is the average rank of even blocks, whose busiest rank is the average one.
 
 Time model (:class:`Machine`, every field settable, or calibrated on the machine at hand by
-``gnnpar-plan --calibrate``, :mod:`gnnpar.calibrate`): epoch seconds ≈
+``gnnpar-plan --calibrate``, :mod:`gnnpar.cli.calibrate`): epoch seconds ≈
 max over ranks of (SpMM multiply-adds × 2 / ``spmm_rate`` + dense flops / ``dense_rate`` +
 owned rows × Σ widths / ``elementwise_rate``) + max over ranks of (``latency`` × messages +
 padded bytes / ``bandwidth``) + the fixed cost ``step_overhead`` + layers ×
@@ -113,7 +113,7 @@ def score_wire_bytes(settings=None) -> int:
     """Bytes an element of a GAT's heads-wide exchanges (its scores, the softmax's row maxima
     and sums, their gradients) travels at: the ``--comm-dtype`` when it is not fp32, else
     float32 — under ``--precision bf16`` too, where the scores are a bf16 z times a float32
-    attention vector, which torch promotes to float32 (:mod:`gnnpar.attention`)."""
+    attention vector, which torch promotes to float32 (:mod:`gnnpar.nn.attention`)."""
     wire = WIRE_DTYPES[getattr(settings, "comm_dtype", None) or "fp32"]
     return F32 if wire is None else int(wire.itemsize)
 
@@ -134,7 +134,7 @@ class _Candidate:
 def run_options(algo: str, settings=None, variant: Optional[str] = "halo",
                 layers: int = 0) -> dict:
     """The builder options ``gnnpar-train`` gives ``algo`` (its entry's option rule — the call
-    :mod:`gnnpar.rank` makes —, full batch) for a run with ``settings`` (``block_layout``,
+    :mod:`gnnpar.training.rank` makes —, full batch) for a run with ``settings`` (``block_layout``,
     ``seed``; absent = the defaults: the balanced block layout, seed 0), grid variant
     ``variant`` (None or ``"-"``: the builder's default) and ``layers`` layers."""
     variant = variant if variant in ("halo", "bcast") else None
@@ -328,7 +328,8 @@ class Machine:
 
     @classmethod
     def load(cls, path: str) -> "Machine":
-        """A calibration file written by ``gnnpar-plan --calibrate`` (:mod:`gnnpar.calibrate`)."""
+        """A calibration file written by ``gnnpar-plan --calibrate``
+        (:mod:`gnnpar.cli.calibrate`)."""
         try:
             with open(path) as fh:
                 d = json.load(fh)
@@ -367,7 +368,7 @@ def predict(structure: Structure, algo: str, kind: str, widths: Sequence[int], m
     """One algorithm and grid of a ``gnnpar-train`` run on a given partition (``structure``:
     Â and the run's partition), modelled on the blocks the run builds: the algorithm's option
     rule on ``settings`` (``block_layout``, ``seed``, ``comm_dtype``, ``precision``: a
-    :class:`~gnnpar.spec.RunSpec`, the plan's flags; absent = gnnpar-train's defaults) lays Â
+    :class:`~gnnpar.cli.spec.RunSpec`, the plan's flags; absent = gnnpar-train's defaults) lays Â
     out (:func:`run_options`, :func:`run_structure`) and :func:`wire_bytes` sizes the
     exchanges.
 

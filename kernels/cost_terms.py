@@ -95,7 +95,7 @@ def spmm_widths(kind: str, widths: Sequence[int]):
 
 
 def param_count(kind: str, widths: Sequence[int]) -> int:
-    """Parameters of :class:`gnnpar.models.GNN` (GCN: W + b; SAGE: W_neigh + b + W_root;
+    """Parameters of :class:`gnnpar.nn.models.GNN` (GCN: W + b; SAGE: W_neigh + b + W_root;
     GAT: W, a_src and a_dst, each z wide, and the bias, z wide in a hidden layer and f_out in
     the output layer). Any other kind (a user's model) is counted as GCN."""
     heads = gat_heads(kind)

@@ -11,12 +11,12 @@ four 16-bit lanes decide four consecutive elements: a function of the seed and t
 position only, so the mask does not depend on the thread count. The drop probability is
 rounded to a multiple of 1/65536 (0.5 is exact) and the kept elements are scaled by the
 inverse of the rounded keep probability, so the expectation is exactly preserved (as in
-:mod:`gnnpar.dropout`'s torch path).
+:mod:`gnnpar.nn.dropout`'s torch path).
 
 Keeping and ReLU are selects, not products with a 0/1 factor (inf·0 and NaN·0 are NaN): an
 element is ``src·scale`` where kept and (with ReLU) ``cond`` is not ≤ 0, else exactly 0. So
 NaN passes ReLU and propagates where kept, −inf becomes 0, and a gradient where ReLU was off
-or the element dropped is 0 even when it is ±inf or NaN — the rule :mod:`gnnpar.dropout`
+or the element dropped is 0 even when it is ±inf or NaN — the rule :mod:`gnnpar.nn.dropout`
 states, which the GPU pass follows too.
 
 Shapes: tensors of one shape (bf16/fp16 through a float32 copy, returned in their dtype).

@@ -5,7 +5,7 @@ implicit transpose of a CSR matrix is slow (it is a CSC walk), so :class:`Sparse
 Âᵀ as its own CSR, built once. Nothing here assumes Â is symmetric (SAGE's mean aggregation
 is not, nor is GCN on a directed graph).
 
-Under :func:`torch.autocast` (``--precision bf16``, :mod:`gnnpar.precision`) an operator
+Under :func:`torch.autocast` (``--precision bf16``, :mod:`gnnpar.nn.precision`) an operator
 casts float32 features to the autocast dtype before its product (:func:`autocast_input`):
 autocast only rewrites the ops it knows, and a custom product is not one of them. The product
 sums in float32 and returns the features' dtype; gradients come back in the dtype of the

@@ -1,6 +1,6 @@
 """One GraphSAGE layer on a local CSR operator as one autograd Function (CPU, float32).
 
-Unfused, a SAGE layer on a sampled block (:class:`gnnpar.models.SAGELayer`) is six autograd
+Unfused, a SAGE layer on a sampled block (:class:`gnnpar.nn.models.SAGELayer`) is six autograd
 nodes, each with a fresh output: the SpMM, the product with W_neigh (+ bias), the slice
 ``h[:n_dst]``, the product with W_root, the sum, then ReLU + dropout. In the backward the slice
 alone costs a zeroed (n_src, f_in) gradient, a copy into its first rows and a full-size add.
@@ -12,7 +12,7 @@ the narrower width, else project first; the layer passes its rule)::
     f_in <= f_out:  agg = Â·h;               z = addmm(b, agg, W_nᵀ)
     f_in >  f_out:  z = Â·(h·W_nᵀ);          z += b
     z.addmm_(h[:n_dst], W_rᵀ)                # the root term, accumulated in place
-    epilogue, in place on z: none | ReLU | ReLU + dropout (the mask of gnnpar.dropout)
+    epilogue, in place on z: none | ReLU | ReLU + dropout (the mask of gnnpar.nn.dropout)
 
 backward (dz: the epilogue's backward of the incoming gradient)::
 
@@ -32,12 +32,12 @@ Epilogues (``epilogue`` argument):
 - ``(None, 0, 1.0)``: ReLU only (``torch.relu_``; backward ``threshold_backward`` on the
   output, as ``F.relu``'s);
 - ``(seed, drop_units, scale)``: ReLU then dropout with the hash mask of ``seed``
-  (:mod:`gnnpar.dropout` draws the seed and rounds p, at the point it does for the unfused
+  (:mod:`gnnpar.nn.dropout` draws the seed and rounds p, at the point it does for the unfused
   layer, so the masks are the same bits): the compiled in-place pass of
   :mod:`.cpu_dropout` where it serves z (float32, numba), backward recomputing the mask from
   the seed; elsewhere (float64, no numba) the numpy mask of ``cpu_dropout.keep_mask``, kept
   for the backward — the same decisions either way, and the same select semantics for
-  non-finite values as :mod:`gnnpar.dropout` states.
+  non-finite values as :mod:`gnnpar.nn.dropout` states.
 
 :func:`usable` is the rule the layer follows: a :class:`~.local.SparseOperator` whose product
 is SparseOperator's own (a sampled block's operator, or the serial runtime's) on the CPU,
@@ -97,7 +97,7 @@ def sage_block(op: SparseOperator, h: torch.Tensor, w_neigh: torch.Tensor,
 
 
 def _keep(z: torch.Tensor, seed: int, drop_units: int) -> torch.Tensor:
-    """The bool keep mask of ``seed`` shaped like ``z`` (as :func:`gnnpar.dropout._keep`)."""
+    """The bool keep mask of ``seed`` shaped like ``z`` (as :func:`gnnpar.nn.dropout._keep`)."""
     return torch.from_numpy(cpu_dropout.keep_mask(z.numel(), seed, drop_units)).view(z.shape)
 
 

@@ -14,13 +14,13 @@ threshold — the same hash, lanes and threshold as the CPU pass
 backward recomputes it from the seed. With ReLU, an element passes the gradient where it was
 kept and the forward's output is not ≤ 0 (exactly where ReLU passed and dropout kept).
 
-Non-finite values follow the rule :mod:`gnnpar.dropout` states, as the CPU pass does: ReLU and
+Non-finite values follow the rule :mod:`gnnpar.nn.dropout` states, as the CPU pass does: ReLU and
 dropout select with ``tl.where``, never multiply by 0, so NaN passes ReLU and propagates where
 kept, −inf becomes 0, +inf stays +inf where kept, and everything dropped or cut by ReLU is
 exactly 0, gradients included.
 
 Sums and products are in float32; ``z`` may be float32, bf16 or fp16 and the output has its
-dtype (the bias is float32, added before rounding). Used by :mod:`gnnpar.dropout` for CUDA
+dtype (the bias is float32, added before rounding). Used by :mod:`gnnpar.nn.dropout` for CUDA
 tensors where Triton is installed, unless ``GNNPAR_EPILOGUE_GPU=torch``. The tests run it on
 CPU tensors in Triton's interpreter (``TRITON_INTERPRET=1``) against the CPU pass.
 

@@ -110,13 +110,13 @@ sys.path.insert(0, HERE)
 import bench_sampling  # noqa: E402  (its throughput loop: _worker, _run_variant)
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
-from gnnpar.models import build_model  # noqa: E402
-from gnnpar.options import parser_defaults  # noqa: E402
+from gnnpar.nn.models import build_model  # noqa: E402
+from gnnpar.cli.options import parser_defaults  # noqa: E402
 from gnnpar.sampling.options import pipeline_depth  # noqa: E402
 from gnnpar.sampling import (BulkSampler, FeatureStore, NeighborSampler,  # noqa: E402
                              SamplerConfig, Topology)
-from gnnpar.serial import SerialRuntime  # noqa: E402
-from gnnpar.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
+from gnnpar.training.serial import SerialRuntime  # noqa: E402
+from gnnpar.training.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
 
 DEFAULT_VENV = os.environ.get("GNNPAR_DGL_VENV", "/tmp/gnnpar-dgl-venv")
 TRAIN_HIDDEN, TRAIN_DROPOUT = 256, 0.5  # the mini-batch training comparison's model (issue 22)

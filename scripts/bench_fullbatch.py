@@ -35,15 +35,15 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
              layers, seed):
     import torch
     from gnnpar.datasets import load_dataset
-    from gnnpar.distributed import DistRuntime
+    from gnnpar.training.distributed import DistRuntime
     from gnnpar.kernels.algorithms import get as algorithm
     from gnnpar.kernels.algorithms import make_grid
     from gnnpar.kernels.grid import parse_grid
-    from gnnpar.memory import local_peak_bytes
-    from gnnpar.models import GNN
+    from gnnpar.training.memory import local_peak_bytes
+    from gnnpar.nn.models import GNN
     from gnnpar.partitioners import partition_graph
     from gnnpar.partitioners.shard_build import build_shard
-    from gnnpar.trainer import TrainConfig, fit
+    from gnnpar.training.trainer import TrainConfig, fit
     g = load_dataset(spec)
     shard = build_shard(g, partition_graph(g, world, partitioner, seed=seed), rank, norms=("gcn",))
     del g
@@ -73,7 +73,7 @@ def bench(dataset, algo, P, grid, replication, partitioner, epochs, hidden, laye
           threads=1, timeout_s=900):
     """One algorithm on P local ranks of ``threads`` torch threads each: median epoch, compute
     and (exposed) communication seconds, bytes per rank (mean, max), peak memory (max)."""
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     out = spawn(rank_run, P, args=(dataset, algo, grid, replication, partitioner, epochs, hidden,
                                    layers, seed), timeout_s=timeout_s, threads=threads,
                 dynamo_first=True)

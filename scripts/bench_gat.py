@@ -13,7 +13,7 @@ Adam (lr 0.005, weight decay 5e-4), the loss over the training nodes. A step is 
 backward + Adam step.
 
 - ``gnnpar``: ``GNN("gat", ...)`` on ``SerialRuntime(graph, "gcn")`` with the trainer's
-  ``train_step`` (``gnnpar/attention.py``, ``kernels/edge_ops.py``);
+  ``train_step`` (``gnnpar/nn/attention.py``, ``kernels/edge_ops.py``);
 - ``pyg``: ``torch_geometric.nn.GATConv`` on ``edge_index`` (its scatter path; PyG's fused
   sparse path needs ``torch-sparse``, which does not install from PyPI alone);
 - ``dgl``: DGL 2.1.0's ``dgl.nn.GATConv`` in the side venv of ``scripts/bench_dgl.sh --setup``
@@ -45,9 +45,9 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout wi
 import bench_dgl  # noqa: E402  (first: it keeps the environment as the user gave it)
 from bench_single import combine, measure  # noqa: E402
 from gnnpar.datasets import load_dataset  # noqa: E402
-from gnnpar.models import GNN  # noqa: E402
-from gnnpar.serial import SerialRuntime  # noqa: E402
-from gnnpar.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
+from gnnpar.nn.models import GNN  # noqa: E402
+from gnnpar.training.serial import SerialRuntime  # noqa: E402
+from gnnpar.training.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
 
 LR, WEIGHT_DECAY = 0.005, 5e-4
 

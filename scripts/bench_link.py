@@ -12,7 +12,7 @@ dropout, ReLU and dropout between the layers, as gnnpar's GCN), the dot decoder,
 binary cross-entropy, Adam with a link run's default learning rate and weight decay (0), the
 same epochs —
 trained on **the same split** (the training graph and held-out pairs
-:func:`gnnpar.shard_source.load_graph` makes for that seed, which the gnnpar run makes too)
+:func:`gnnpar.training.shard_source.load_graph` makes for that seed, which the gnnpar run makes too)
 with **the same negatives** (:func:`gnnpar.link.negatives.negatives` of each epoch), and
 scored by the same AUC (:func:`gnnpar.link.metrics.auc`) on the same test pairs after the
 last epoch. PyG's initial weights are its own (glorot), gnnpar's its own (torch's
@@ -49,11 +49,11 @@ from gnnpar.link.decoders import DotDecoder, summed_link_loss  # noqa: E402
 from gnnpar.link.loop import LocalPairs, link_modules, link_step  # noqa: E402
 from gnnpar.link.metrics import auc  # noqa: E402
 from gnnpar.link.negatives import negatives  # noqa: E402
-from gnnpar.models import build_model  # noqa: E402
-from gnnpar.rows import fullbatch_runtime  # noqa: E402
-from gnnpar.shard_source import load_graph  # noqa: E402
-from gnnpar.spec import RunSpec  # noqa: E402
-from gnnpar.trainer import TrainConfig, default_weight_decay, make_optimizer  # noqa: E402
+from gnnpar.nn.models import build_model  # noqa: E402
+from gnnpar.training.rows import fullbatch_runtime  # noqa: E402
+from gnnpar.training.shard_source import load_graph  # noqa: E402
+from gnnpar.cli.spec import RunSpec  # noqa: E402
+from gnnpar.training.trainer import TrainConfig, default_weight_decay, make_optimizer  # noqa: E402
 
 
 

@@ -6,7 +6,7 @@ against DGL 2.1.0's ``as_edge_prediction_sampler`` loop, side by side on the sam
     python scripts/bench_link_dgl.py --dataset rmat:scale=16,ef=16 --rounds 3 --epochs 3
 
 Both sides train on **the same training graph and positives**: the link split
-:func:`gnnpar.shard_source.load_graph` makes for ``--seed`` (the one ``gnnpar-train`` makes
+:func:`gnnpar.training.shard_source.load_graph` makes for ``--seed`` (the one ``gnnpar-train`` makes
 for itself), exported to an npz the DGL side reads (``scripts/bench_dgl_side.py``,
 ``link_train``; the positives as the edge ids of one direction each). The model: GraphSAGE
 (mean), ``len(--fanouts)`` layers, hidden and output width ``--hidden``, dropout 0.5, the dot
@@ -50,8 +50,8 @@ sys.path.insert(0, HERE)
 
 import bench_dgl  # noqa: E402
 from bench_common import commit  # noqa: E402
-from gnnpar.shard_source import load_graph  # noqa: E402
-from gnnpar.spec import RunSpec  # noqa: E402
+from gnnpar.training.shard_source import load_graph  # noqa: E402
+from gnnpar.cli.spec import RunSpec  # noqa: E402
 
 bench_dgl.USER_ENV = USER_ENV
 

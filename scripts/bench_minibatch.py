@@ -38,12 +38,12 @@ import torch
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout without installing
 
 from gnnpar.datasets import load_dataset  # noqa: E402
-from gnnpar.models import build_model  # noqa: E402
+from gnnpar.nn.models import build_model  # noqa: E402
 from gnnpar.sampling import (EpochPlan, FeatureStore, MacrobatchService,  # noqa: E402
                              SamplerConfig, SamplingStats, ServiceConfig, Topology)
-from gnnpar.sampling.loop import DataParallel, train_step  # noqa: E402
+from gnnpar.training.minibatch_loop import DataParallel, train_step  # noqa: E402
 from gnnpar.sampling.placement import resolve_placement  # noqa: E402
-from gnnpar.trainer import TrainConfig, make_optimizer, sync_device  # noqa: E402
+from gnnpar.training.trainer import TrainConfig, make_optimizer, sync_device  # noqa: E402
 
 GPU_DATASET, CPU_DATASET = "rmat:scale=20,ef=16", "rmat:scale=14,ef=16"
 

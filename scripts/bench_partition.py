@@ -30,7 +30,7 @@ Strictly one command at a time, per scale:
 1. *ingest*: ``load_dataset("rmat:scale=S,ef=E", cache_dir=WORK/cache-sS)`` in a plain
    ``python -c`` (no gnnpar-partition), which writes the binary cache (a cache already there is
    only read: ``cache_hit`` says which);
-2. *pipeline*: ``python -m gnnpar.partition_cli --dataset cache:<the cache folder> --parts P
+2. *pipeline*: ``python -m gnnpar.cli.partition_cli --dataset cache:<the cache folder> --parts P
    --method M --json [--out WORK/shards-sS-pP-M] [--report]`` (``--no-shards`` drops ``--out``);
    the phase times (``phases``: load/partition/shards/report), ``peak_rss_bytes`` and
    ``partition_call_s`` it prints with ``--json`` are kept when present, "not measured" otherwise;
@@ -505,7 +505,7 @@ def pipeline_scale(a, scale: int, work: str, env: dict) -> dict:
 
     # 2. the whole gnnpar-partition command from the cache
     import shlex
-    cmd = [sys.executable, "-m", "gnnpar.partition_cli", "--dataset", f"cache:{folder}",
+    cmd = [sys.executable, "-m", "gnnpar.cli.partition_cli", "--dataset", f"cache:{folder}",
            "--parts", str(a.parts), "--method", a.method, "--seed", str(a.seed), "--json"]
     if shard_dir:
         cmd += ["--out", shard_dir]

@@ -10,9 +10,9 @@ every variant once in turn (after one untimed warm-up call each), so load from o
 processes hits all of them alike; a variant's figure is the median over rounds, printed with
 each round's time and the 1-minute load average. Variants:
 
-- ``gnnpar``: :func:`gnnpar.inference.forward_rows` — the forward pass ``gnnpar-predict``
+- ``gnnpar``: :func:`gnnpar.infer.inference.forward_rows` — the forward pass ``gnnpar-predict``
   runs without ``--batch-size`` (``torch.inference_mode``, evaluation mode), each layer's
-  product with Â at the narrower of its widths (:class:`gnnpar.models.GCNLayer`);
+  product with Â at the narrower of its widths (:class:`gnnpar.nn.models.GCNLayer`);
 - ``gnnpar_fresh``: the same on a runtime that makes its SpMM outputs anew on every call, as
   the first (and, in ``gnnpar-predict``, only) pass does; ``gnnpar`` reuses them from one
   call to the next, as the serial runtime does for every training and evaluation pass, while
@@ -20,7 +20,7 @@ each round's time and the 1-minute load average. Variants:
 - ``gnnpar_degree``: the same on the graph renumbered by degree (hubs first), the order
   ``gnnpar-predict`` loads a graph in on one process (``--reorder auto``): the same products
   on another vertex order, so **not** the like-for-like row; shown for what a user runs;
-- ``gnnpar_layerwise``: :func:`gnnpar.inference.layerwise` in chunks of ``--batch-size``
+- ``gnnpar_layerwise``: :func:`gnnpar.infer.inference.layerwise` in chunks of ``--batch-size``
   rows (``gnnpar-predict --batch-size``): the same products, plus each chunk's gather of its
   neighbourhood's rows;
 - ``pyg``: PyG ``GCNConv(cached=True, normalize=False)`` layers with gnnpar's weights on a
@@ -37,7 +37,7 @@ each round's time and the 1-minute load average. Variants:
   implementation of the same products pays on this machine (``products/pyg`` bounds the
   ratio ``gnnpar/pyg`` can reach without a faster product);
 - ``train_step``: one gnnpar training step on the same graph and model (forward, backward,
-  Adam; :func:`gnnpar.trainer.train_step`; a runtime of its own, as inference's product
+  Adam; :func:`gnnpar.training.trainer.train_step`; a runtime of its own, as inference's product
   outputs are made under ``inference_mode``), the unit of "one training epoch" (an epoch of
   ``gnnpar-train`` adds an evaluation forward to it).
 
@@ -64,12 +64,12 @@ from bench_common import commit  # noqa: E402
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.normalize import propagation_matrix  # noqa: E402
 from gnnpar.datasets.reorder import reorder  # noqa: E402
-from gnnpar.inference import forward_rows, layerwise  # noqa: E402
+from gnnpar.infer.inference import forward_rows, layerwise  # noqa: E402
 from gnnpar.kernels.cpu_spmm import csr_mm  # noqa: E402
-from gnnpar.models import GNN  # noqa: E402
-from gnnpar.product_order import aggregate_first_op  # noqa: E402
-from gnnpar.serial import SerialRuntime  # noqa: E402
-from gnnpar.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
+from gnnpar.nn.models import GNN  # noqa: E402
+from gnnpar.nn.product_order import aggregate_first_op  # noqa: E402
+from gnnpar.training.serial import SerialRuntime  # noqa: E402
+from gnnpar.training.trainer import TrainConfig, make_optimizer, train_step  # noqa: E402
 
 
 
@@ -107,7 +107,7 @@ def pyg_variants(model: GNN, indptr, indices, values, n):
 
 def products_only(model: GNN, op):
     """The products of ``model``'s forward on ``op`` (a serial runtime's Â) alone, in
-    :class:`~gnnpar.models.GCNLayer`'s order, each into an output made on the first call and
+    :class:`~gnnpar.nn.models.GCNLayer`'s order, each into an output made on the first call and
     reused; a function of x."""
     outs = {}
 

@@ -177,7 +177,7 @@ def _bytes_rank(rank, world, shard_dir, args_dict):
 
 def feature_bytes(graph, args) -> list:
     from gnnpar.partitioners import partition_graph, write_shards
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     t0 = time.perf_counter()
     part = partition_graph(graph, args.ranks, args.partitioner, seed=0)
     shard_dir = tempfile.mkdtemp(prefix="gnnpar-bench-shards-")
@@ -207,11 +207,11 @@ def feature_bytes(graph, args) -> list:
 
 # ---------------------------------------------------------------- 3. stall
 def stall(graph, args) -> list:
-    from gnnpar.models import GNN
+    from gnnpar.nn.models import GNN
     from gnnpar.sampling import EpochPlan, MacrobatchService, ServiceConfig
-    from gnnpar.sampling.loop import DataParallel, fit_minibatch
-    from gnnpar.serial import SerialRuntime
-    from gnnpar.trainer import TrainConfig
+    from gnnpar.training.minibatch_loop import DataParallel, fit_minibatch
+    from gnnpar.training.serial import SerialRuntime
+    from gnnpar.training.trainer import TrainConfig
     rows = []
     seeds = np.flatnonzero(graph.train_mask)
     for K in args.stall_macrobatches:

@@ -16,7 +16,7 @@ and over 1 rank × all threads, the share of the epoch blocked in communication,
 rank's bytes, the fastest timed epoch (on a shared machine the least disturbed one), and the
 cost model's prediction for the same algorithm, grid, partition and block layout
 (:func:`gnnpar.kernels.cost_model.predict`, with figures from ``--calibration`` or, without it,
-a probe run here first: :mod:`gnnpar.calibrate`): the busiest rank's bytes, and the epoch's
+a probe run here first: :mod:`gnnpar.cli.calibrate`): the busiest rank's bytes, and the epoch's
 seconds against the measured median (``pred/med``) and fastest (``pred/min``) epoch; the last
 line counts the runs whose predicted time is within 25 % of the measured median.
 ``--plot PATH`` draws speedup and communication share against ranks (skipped, with a note,
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_fullbatc
 
 from bench_fullbatch import bench, grids_for  # noqa: E402
 
-from gnnpar.calibrate import calibrate, dense_rate, elementwise_rate, spmm_rate  # noqa: E402
+from gnnpar.cli.calibrate import calibrate, dense_rate, elementwise_rate, spmm_rate  # noqa: E402
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.kernels.cost_model import Machine, Structure, predict  # noqa: E402
 from gnnpar.kernels.grid import parse_grid  # noqa: E402

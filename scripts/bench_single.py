@@ -16,12 +16,12 @@ median and the 1-minute load average. Variants:
   CUDA, bias + ReLU + dropout in one Triton pass (``kernels/triton_epilogue.py``), on the graph
   in the vertex order ``gnnpar-train`` uses for this run (``--reorder``; ``auto``: degree
   order, hubs first, as for any single-process full-batch run). Each layer multiplies by Â at
-  the narrower of its two widths (``gnnpar.models.GCNLayer``): with 128 → 256 → 256 → classes
+  the narrower of its two widths (``gnnpar.nn.models.GCNLayer``): with 128 → 256 → 256 → classes
   that is Â·X (128 wide), Â·H (256) and Â·(H·W) (classes) forward, and two transposed products
   backward (256, classes; X needs no gradient): 5 sparse products an epoch;
 - ``--variants`` names more, each a dash-joined set of: ``fp32``/``bf16``/``tf32``
   (``--precision bf16``: bf16 dense layers and SpMM features, fp32 sums and master weights;
-  ``tf32``: fp32 with the dense layers' products on TF32 tensor cores; ``gnnpar/precision.py``),
+  ``tf32``: fp32 with the dense layers' products on TF32 tensor cores; ``gnnpar/nn/precision.py``),
   ``triton``/``cusparse`` (the GPU SpMM kernel, by ``GNNPAR_SPMM_GPU``), ``unfused`` (torch's
   bias, ReLU and dropout ops: ``GNNPAR_EPILOGUE_GPU=torch``), ``natural`` (the dataset's own
   vertex order, as PyG gets it). ``auto``: fp32, natural and bf16, and on CUDA also the other
@@ -77,10 +77,10 @@ sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # run from a checkout wi
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.reorder import ORDERS, reorder  # noqa: E402
 from gnnpar.kernels import triton_epilogue, triton_spmm  # noqa: E402
-from gnnpar.models import GNN  # noqa: E402
-from gnnpar.precision import PRECISIONS, matmuls  # noqa: E402
-from gnnpar.serial import SerialRuntime  # noqa: E402
-from gnnpar.trainer import train_step  # noqa: E402
+from gnnpar.nn.models import GNN  # noqa: E402
+from gnnpar.nn.precision import PRECISIONS, matmuls  # noqa: E402
+from gnnpar.training.serial import SerialRuntime  # noqa: E402
+from gnnpar.training.trainer import train_step  # noqa: E402
 
 
 class PeakRSS:

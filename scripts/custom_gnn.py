@@ -5,7 +5,7 @@
     PYTHONPATH=scripts gnnpar-train --model custom_gnn:gin --algo 2d --nprocs 4 --grid 2x2
 
 ``gin(f_in, hidden, f_out, layers, dropout)`` is the factory ``--model custom_gnn:gin``
-names (``gnnpar/custom_model.py``): it returns a ``torch.nn.Module`` whose
+names (``gnnpar/nn/custom_model.py``): it returns a ``torch.nn.Module`` whose
 ``forward(ops, x)`` reads layer i's operator as ``ops[i]``. That is all a model needs to
 know: ``ops`` is a ``gnnpar.interfaces.LayerOps`` whatever the run, one operator for every
 layer (1d, 1d-halo, 1.5d, 2d), one a layer (3d, 4d, sampled mini-batch blocks). A layer

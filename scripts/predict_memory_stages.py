@@ -10,7 +10,7 @@ process per rank; ``--nprocs`` would start ranks this script cannot watch):
         --partition-dir shards --algo 1d-halo --embeddings --out p21stages
 
 Lines go to stderr as ``[rank R] stage  rss X GiB  hwm Y GiB``; the load average is printed
-once by rank 0. The stages are :mod:`gnnpar.prediction`'s own calls, wrapped in place (the
+once by rank 0. The stages are :mod:`gnnpar.infer.prediction`'s own calls, wrapped in place (the
 run's outputs are the same files ``gnnpar-predict`` writes).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from gnnpar import prediction  # noqa: E402
-from gnnpar.memory import _status_bytes  # noqa: E402
+from gnnpar.infer import prediction  # noqa: E402
+from gnnpar.training.memory import _status_bytes  # noqa: E402
 from gnnpar.predict import main  # noqa: E402
 
 STAGES = ("read_model_file", "load_rank_shard", "fullbatch_runtime", "forward_rows",

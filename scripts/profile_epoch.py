@@ -15,9 +15,9 @@ GCN, hidden 256, Adam, in the vertex order ``gnnpar-train`` uses: degree order u
 kind: sparse products, dense products (GEMMs), the bias/ReLU/dropout epilogue, reductions,
 and the rest. One JSON line at the end.
 
-``--mode minibatch``: the mini-batch trainer's step (:func:`gnnpar.sampling.loop.train_step`)
+``--mode minibatch``: the mini-batch trainer's step (:func:`gnnpar.training.minibatch_loop.train_step`)
 on ``--batches`` ready minibatches pre-sampled by the macrobatch service run inline (the
-serial setup ``gnnpar-train --mode minibatch`` builds, :func:`gnnpar.sampling.setup.
+serial setup ``gnnpar-train --mode minibatch`` builds, :func:`gnnpar.training.minibatch_setup.
 serial_parts`), so sampling is out of the trainer's figures; the sampler's own cost per
 minibatch is printed apart (sampling + feature gather + assembly, and within assembly the
 operators: the blocks' CSR tensors and transposes). Printed: the block shapes (per layer,
@@ -48,10 +48,10 @@ import torch  # noqa: E402
 
 from gnnpar.datasets import load_dataset  # noqa: E402
 from gnnpar.datasets.reorder import ORDERS, reorder  # noqa: E402
-from gnnpar.models import GNN  # noqa: E402
-from gnnpar.precision import PRECISIONS  # noqa: E402
-from gnnpar.serial import SerialRuntime  # noqa: E402
-from gnnpar.trainer import train_step  # noqa: E402
+from gnnpar.nn.models import GNN  # noqa: E402
+from gnnpar.nn.precision import PRECISIONS  # noqa: E402
+from gnnpar.training.serial import SerialRuntime  # noqa: E402
+from gnnpar.training.trainer import train_step  # noqa: E402
 from gnnpar.kernels.cpu_spmm import size_pool  # noqa: E402
 
 #: kind of a kernel or op, by the first pattern its name matches
@@ -188,11 +188,11 @@ def mb_kind(event) -> str:
 
 
 def step_phases(model, opt, engine, batch, global_count, precision, clock):
-    """:func:`gnnpar.sampling.loop.train_step`, phase by phase: adds each phase's seconds to
+    """:func:`gnnpar.training.minibatch_loop.train_step`, phase by phase: adds each phase's seconds to
     ``clock`` (the same calls in the same order)."""
     from gnnpar.interfaces import LayerOps
-    from gnnpar.loss import summed_cross_entropy
-    from gnnpar.precision import autocast, matmuls
+    from gnnpar.nn.loss import summed_cross_entropy
+    from gnnpar.nn.precision import autocast, matmuls
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     with matmuls(precision):
@@ -219,19 +219,19 @@ def minibatch(a) -> int:
     """``--mode minibatch`` (module docstring)."""
     import dataclasses
 
-    from gnnpar.models import build_model, sampler_input_dropout
-    from gnnpar.options import build_parser
+    from gnnpar.nn.models import build_model, sampler_input_dropout
+    from gnnpar.cli.options import build_parser
     try:
         from gnnpar.sampling.blocks import block_operators
     except ImportError:  # a tree before deferred transposes: every block's operator, eager
         def block_operators(blocks):
             return [b.operator() for b in blocks]
-    from gnnpar.sampling.loop import train_step as mb_train_step
+    from gnnpar.training.minibatch_loop import train_step as mb_train_step
     from gnnpar.sampling.service import SamplingStats
-    from gnnpar.sampling.setup import serial_parts
-    from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
-    from gnnpar.trainer import TrainConfig, make_optimizer
+    from gnnpar.training.minibatch_setup import serial_parts
+    from gnnpar.training.shard_source import load_graph
+    from gnnpar.cli.spec import RunSpec
+    from gnnpar.training.trainer import TrainConfig, make_optimizer
 
     flags = ["--mode", "minibatch", "--dataset", a.dataset, "--model", a.model or "sage",
              "--layers", str(a.layers), "--hidden", str(a.hidden), "--fanouts", a.fanouts,

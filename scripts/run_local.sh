@@ -9,7 +9,7 @@
 # MODE mirrors a template:
 #   spawn     gnnpar-train --nprocs N: the trainer forks its own ranks (no launcher)
 #   torchrun  torchrun --standalone --nproc-per-node N   (single_node_gpu.sbatch)
-#   mpirun    mpirun -n N, one process per rank, ranks found by gnnpar.bootstrap
+#   mpirun    mpirun -n N, one process per rank, ranks found by gnnpar.launcher.bootstrap
 #             (cpu_cluster.sbatch's one-task-per-rank shape; pip install mpi4py mpich)
 #   pipeline  gnnpar-partition once into PARTITION_DIR, then N ranks load their shards
 #             (partition_then_train.sbatch)
@@ -73,7 +73,7 @@ case "$MODE" in
     pargs=(--dataset "$DATASET" --parts "$NPROCS" --method "${PARTITIONER:-metis}"
            --out "$PARTITION_DIR" --quiet)
     [ -n "${GRID:-}" ] && pargs+=(--grid "$GRID")
-    run "$PYTHON" -m gnnpar.partition_cli "${pargs[@]}"
+    run "$PYTHON" -m gnnpar.cli.partition_cli "${pargs[@]}"
     run "$PYTHON" -m gnnpar.train --nprocs "$NPROCS" --partition-dir "$PARTITION_DIR" "${args[@]}" ;;
   *) echo "run_local.sh: unknown MODE=$MODE (spawn | torchrun | mpirun | pipeline)" >&2; exit 2 ;;
 esac

@@ -16,9 +16,9 @@ import pytest
 os.environ["GNNPAR_COMM_STRICT"] = "1"
 os.environ.setdefault("GNNPAR_SPMM", "fixed")
 
-import gnnpar.launch  # noqa: E402 (after the setting, which modules may read)
-import gnnpar.partition_cli  # noqa: E402
-import gnnpar.shard_source  # noqa: E402
+import gnnpar.launcher.launch  # noqa: E402 (after the setting, which modules may read)
+import gnnpar.cli.partition_cli  # noqa: E402
+import gnnpar.training.shard_source  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def no_work(monkeypatch):
     """Any dataset load, spawn or training fails the test: refusals come first."""
     def forbidden(*a, **k):
         raise AssertionError("work started before the flags were checked")
-    monkeypatch.setattr(gnnpar.launch, "run_rank", forbidden)
-    monkeypatch.setattr(gnnpar.launch, "run_distributed", forbidden)
-    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", forbidden)
-    monkeypatch.setattr(gnnpar.partition_cli, "load_dataset", forbidden)
+    monkeypatch.setattr(gnnpar.launcher.launch, "run_rank", forbidden)
+    monkeypatch.setattr(gnnpar.launcher.launch, "run_distributed", forbidden)
+    monkeypatch.setattr(gnnpar.training.shard_source, "load_dataset", forbidden)
+    monkeypatch.setattr(gnnpar.cli.partition_cli, "load_dataset", forbidden)

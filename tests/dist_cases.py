@@ -8,14 +8,14 @@ import copy
 
 import torch
 
-from gnnpar.distributed import EPOCH_PHASES, DistRuntime
+from gnnpar.training.distributed import EPOCH_PHASES, DistRuntime
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.grid import ProcessGrid
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.serial import SerialRuntime
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .graphs import random_graph
 
@@ -237,7 +237,7 @@ def compiled_equivalence(rank, world, cases, n, kinds, precisions, force=True):
     from collections import Counter
 
     from gnnpar.kernels import cpu_spmm
-    from gnnpar.precision import autocast, loss_logits
+    from gnnpar.nn.precision import autocast, loss_logits
 
     def step(model, rt, count, precision):
         model.zero_grad()

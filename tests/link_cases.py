@@ -9,17 +9,17 @@ the losses, the metrics and the trained parameters with the serial loop's.
 import numpy as np
 import torch
 
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.link.decoders import build_decoder
 from gnnpar.link.exchange import PairExchange
 from gnnpar.link.loop import fit_link
 from gnnpar.link.split import split_edges
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.serial import SerialRuntime
-from gnnpar.trainer import TrainConfig
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.training.trainer import TrainConfig
 
 from .graphs import random_graph
 from .predict_cases import cases

@@ -2,7 +2,7 @@
 import them).
 
 Every rank builds the same small graph, renumbered by degree (a non-identity ``--reorder``),
-cuts its METIS shard of it, and runs :func:`gnnpar.prediction.predict_rows` — the code
+cuts its METIS shard of it, and runs :func:`gnnpar.infer.prediction.predict_rows` — the code
 ``gnnpar-predict`` and ``--save-predictions`` run — for every model and algorithm, each into
 its own output folder. The parent then compares the files with the serial ``model(x)`` of
 the graph in its own order.
@@ -13,14 +13,14 @@ import numpy as np
 import torch
 
 from gnnpar.datasets.reorder import reorder
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.interfaces import LayerOps
 from gnnpar.kernels.algorithms import make_grid
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.prediction import LayerwiseRows, PredictJob, predict_rows
-from gnnpar.spec import RunSpec
+from gnnpar.infer.prediction import LayerwiseRows, PredictJob, predict_rows
+from gnnpar.cli.spec import RunSpec
 
 from .dist_cases import readme_block
 from .graphs import random_graph
@@ -94,7 +94,7 @@ def predict_all(rank: int, world: int, out_root: str) -> list:
 def reference(kind: str):
     """The serial ``model(x)`` on the dataset in its own order, and the rows entering the
     model's last layer (the default embeddings)."""
-    from gnnpar.serial import SerialRuntime
+    from gnnpar.training.serial import SerialRuntime
     g, _ = graph()
     m = model(kind).eval()
     rt = SerialRuntime(g, m.norm)

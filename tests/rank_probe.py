@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gnnpar import bootstrap  # noqa: E402
-from gnnpar.bootstrap import detect_world, init_distributed, shutdown  # noqa: E402
+from gnnpar.launcher import bootstrap  # noqa: E402
+from gnnpar.launcher.bootstrap import detect_world, init_distributed, shutdown  # noqa: E402
 
 
 def block_sizes(n: int, p: int):

@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 import torch
 
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.cost_terms import Structure
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
 
 from .dist_cases import rel_err
 from .graphs import random_graph

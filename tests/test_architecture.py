@@ -6,13 +6,13 @@ import pytest
 
 from gnnpar.datasets import InputError
 from gnnpar.interfaces import CommStats, MiniBatchEngine, Runtime, Shard, ShardRows
-from gnnpar.options import build_parser
+from gnnpar.cli.options import build_parser
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shards import load_shard
-from gnnpar.sampling.loop import DataParallel
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import SpawnError, spawn
-from gnnpar.spec import RunSpec
+from gnnpar.training.minibatch_loop import DataParallel
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import SpawnError, spawn
+from gnnpar.cli.spec import RunSpec
 
 from .graphs import random_graph
 
@@ -79,7 +79,7 @@ def test_a_ranks_failure_arrives_typed_with_its_own_message(exc, kind, code):
 
 
 def test_cli_serial_and_two_ranks_share_one_setup_path(tmp_path):
-    """Serial and --nprocs runs go through gnnpar.rank.run_rank: same log fields."""
+    """Serial and --nprocs runs go through gnnpar.training.rank.run_rank: same log fields."""
     import json
     from gnnpar.train import main
     for extra, name in (([], "serial"), (["--algo", "1d", "--nprocs", "2"], "dist")):
@@ -95,7 +95,7 @@ def test_cli_serial_and_two_ranks_share_one_setup_path(tmp_path):
 
 
 def _agree_body(rank, world):
-    from gnnpar.checkpoint import agree_on_failure
+    from gnnpar.training.checkpoint import agree_on_failure
     mine = {1: (0, "I: looks like a prefix"), 2: (1, "other")}.get(rank)
     return agree_on_failure(mine), agree_on_failure(None)
 

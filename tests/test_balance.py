@@ -15,14 +15,14 @@ import pytest
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.normalize import union_structure
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.blocks import nnz_balance
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.partitioners import balanced_owner, partition_graph, report
 from gnnpar.partitioners.grid import nnz_per_rank
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 
 from .dist_cases import equivalence_many
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gnnpar.calibrate import save
+from gnnpar.cli.calibrate import save
 
 from .cli_util import ROOT
 

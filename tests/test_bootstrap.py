@@ -1,4 +1,4 @@
-"""gnnpar.bootstrap: launcher detection from fake environments, backend choice, and real
+"""gnnpar.launcher.bootstrap: launcher detection from fake environments, backend choice, and real
 mpirun / torchrun launches of tests/rank_probe.py (2 ranks, gloo all-reduce + 1D SpMM)."""
 import json
 import os
@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from gnnpar import bootstrap
-from gnnpar.bootstrap import (WorldInfo, detect_world, expand_hostlist, first_host,
+from gnnpar.launcher import bootstrap
+from gnnpar.launcher.bootstrap import (WorldInfo, detect_world, expand_hostlist, first_host,
                               init_distributed, resolve_backend, shutdown, slurm_port)
 from gnnpar.datasets import InputError
 
@@ -257,7 +257,7 @@ def _optimizer_refs_to_world(rank, world):
 
 
 def test_spawned_trainer_ranks_import_dynamo_before_joining():
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     assert spawn(_optimizer_refs_to_world, 2, dynamo_first=True, timeout_s=120) == [0, 0]
 
 

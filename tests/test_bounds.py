@@ -26,8 +26,8 @@ import pytest
 from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import MAX_BYTES_ENV, machine_memory
 from gnnpar.datasets.readers import read_ogb
-from gnnpar.partition_cli import main as partition_main
-from gnnpar.plan_cli import main as plan_main
+from gnnpar.cli.partition_cli import main as partition_main
+from gnnpar.cli.plan_cli import main as plan_main
 from gnnpar.train import main as train_main
 
 from .cli_util import ROOT, installed
@@ -79,8 +79,8 @@ PLAN_REFUSED = [
 
 @pytest.mark.parametrize("argv,flag", PLAN_REFUSED, ids=[" ".join(a) for a, _ in PLAN_REFUSED])
 def test_plan_count_flags_are_bounded(argv, flag, capsys, monkeypatch):
-    import gnnpar.plan_cli
-    monkeypatch.setattr(gnnpar.plan_cli, "calibrate", lambda **k: pytest.fail("probed"))
+    import gnnpar.cli.plan_cli
+    monkeypatch.setattr(gnnpar.cli.plan_cli, "calibrate", lambda **k: pytest.fail("probed"))
     refused(capsys, plan_main, ["--nodes", "1000", "--edges", "10000", "--world", "4", *argv],
             flag)
 
@@ -107,10 +107,10 @@ def test_bounds_in_range_still_run(capsys):
 
 def test_every_bounded_flag_exists_where_it_is_checked():
     """A renamed flag would silently lose its bound: each tool has the flags it bounds."""
-    from gnnpar.cli_common import BOUNDS
-    from gnnpar.options import build_parser as train_parser
-    from gnnpar.partition_cli import build_parser as partition_parser
-    from gnnpar.plan_cli import build_parser as plan_parser
+    from gnnpar.cli.cli_common import BOUNDS
+    from gnnpar.cli.options import build_parser as train_parser
+    from gnnpar.cli.partition_cli import build_parser as partition_parser
+    from gnnpar.cli.plan_cli import build_parser as plan_parser
     dests = set()
     for parser in (train_parser(), partition_parser(), plan_parser()):
         dests |= {a.dest for a in parser._actions}
@@ -274,7 +274,7 @@ def test_file_size_limit_efbig_is_a_full_disk(tmp_path):
 
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    res = subprocess.run([sys.executable, "-m", "gnnpar.partition_cli", "--dataset", spec,
+    res = subprocess.run([sys.executable, "-m", "gnnpar.cli.partition_cli", "--dataset", spec,
                           "--parts", "2", "--method", "block", "--out", str(out), "--quiet"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120,
                          env={**os.environ, "PYTHONPATH": ROOT, "PYTHONDONTWRITEBYTECODE": "1"},
@@ -331,16 +331,16 @@ def test_peer_that_never_joins_a_launched_world_is_a_lost_rank_exit_3():
 
 def test_store_host_that_never_comes_is_a_lost_rank():
     """Rank 1 of a world whose rank 0 (the store's host) died before it listened."""
-    from gnnpar.bootstrap import WorldInfo, init_distributed
-    from gnnpar.cli_common import LostRank
+    from gnnpar.launcher.bootstrap import WorldInfo, init_distributed
+    from gnnpar.cli.cli_common import LostRank
     info = WorldInfo(1, 2, 1, "127.0.0.1", _free_port(), "slurm", 2)
     with pytest.raises(LostRank, match="rank 1 of 2 could not join the slurm world"):
         init_distributed(info, "gloo", timeout=2)
 
 
 def test_lost_rank_is_exit_3_one_line(capsys):
-    from gnnpar.cli_common import EXIT_LOST_RANK, LostRank, run_cli
-    from gnnpar.watchdog import EXIT_PEER_LOST
+    from gnnpar.cli.cli_common import EXIT_LOST_RANK, LostRank, run_cli
+    from gnnpar.launcher.watchdog import EXIT_PEER_LOST
 
     def body():
         raise LostRank("rank 0 of 2 could not join")

@@ -1,5 +1,5 @@
 """Burst sampling (``ServiceConfig.burst`` in gnnpar/sampling/service.py; the one-process
-CPU default of gnnpar/sampling/setup.py): the inline reference's minibatches; no worker
+CPU default of gnnpar/training/minibatch_setup.py): the inline reference's minibatches; no worker
 starts a group's task before the trainer has taken every earlier minibatch and asked for the
 group; the workers keep the trainer's priority; the settings it refuses; the rule that picks
 it."""
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from gnnpar.datasets import InputError
-from gnnpar.models import GNN
-from gnnpar.sampling import setup
+from gnnpar.nn.models import GNN
+from gnnpar.training import minibatch_setup as setup
 from gnnpar.sampling.placement import resolve_placement
 from gnnpar.sampling.service import SamplingStats, ServiceConfig
-from gnnpar.spec import RunSpec
+from gnnpar.cli.spec import RunSpec
 
 from .graphs import random_graph
 from .test_minibatch import cli_args

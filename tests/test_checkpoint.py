@@ -1,4 +1,4 @@
-"""gnnpar.checkpoint: round trip, keep-K, damaged files skipped, wrong runs refused, safe
+"""gnnpar.training.checkpoint: round trip, keep-K, damaged files skipped, wrong runs refused, safe
 loading, RNG capture/restore, and agreement on a common step across ranks."""
 import os
 import random
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from gnnpar.checkpoint import (MAGIC, CheckpointWarning, CorruptCheckpoint, agree_on_step,
+from gnnpar.training.checkpoint import (MAGIC, CheckpointWarning, CorruptCheckpoint, agree_on_step,
                                capture_rng, file_name, good_steps, list_steps, load_latest,
                                load_step, rank_dir, restore_rng, save_checkpoint)
 from gnnpar.datasets import InputError
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 
 META = {"world_size": 4, "grid": [2, 2], "partition": "sha256:abc", "algo": "2d"}
 

@@ -1,6 +1,6 @@
 """Never lose a user's data: a checkpoint folder belongs to one run identity, is locked by the
 run writing it, rotation touches only that run's verified checkpoints, and every refusal is
-exit 2 with one line before any work (``gnnpar.resume``, ``gnnpar.checkpoint``)."""
+exit 2 with one line before any work (``gnnpar.training.resume``, ``gnnpar.training.checkpoint``)."""
 import hashlib
 import io
 import json
@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-import gnnpar.shard_source
-from gnnpar.checkpoint import (MAGIC, CheckpointWarning, file_name, list_steps, rank_dir,
+import gnnpar.training.shard_source
+from gnnpar.training.checkpoint import (MAGIC, CheckpointWarning, file_name, list_steps, rank_dir,
                                read_verified, save_checkpoint)
-from gnnpar.cli_common import run_cli
+from gnnpar.cli.cli_common import run_cli
 from gnnpar.datasets import InputError
 from gnnpar.train import main
 
@@ -60,7 +60,7 @@ def no_work(monkeypatch):
     """Fail the test if the run gets as far as loading its data."""
     def boom(*a, **k):
         raise AssertionError("the run started working before refusing its checkpoint folder")
-    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", boom)
+    monkeypatch.setattr(gnnpar.training.shard_source, "load_dataset", boom)
 
 
 # ------------------------------------------------------------------ item 2: rotation
@@ -221,7 +221,7 @@ def test_payload_refused_by_the_safe_loader_falls_back_to_the_previous(tmp_path)
     assert [r["epoch"] for r in recs if not r.get("final")] == [2, 3]  # resumed after epoch 1
     assert not os.path.exists("/tmp/gnnpar-evil-ran-safety")
     # epoch 2 was trained again and its new checkpoint loads safely
-    from gnnpar.checkpoint import load_step
+    from gnnpar.training.checkpoint import load_step
     assert load_step(str(ck / "rank-00000"), 2).state["epoch"] == 2
 
 

@@ -111,7 +111,7 @@ def test_imports_from_another_folder_and_regular_install(tmp_path):
         for src in pathlib.Path(ROOT, top).rglob("*.py"):
             rel = src.relative_to(pathlib.Path(ROOT, top))
             assert (target / installed_at / rel).exists(), f"{top}/{rel} is not installed"
-    scripts = ["gnnpar.train", "gnnpar.partition_cli", "gnnpar.plan_cli", "gnnpar.report",
+    scripts = ["gnnpar.train", "gnnpar.cli.partition_cli", "gnnpar.cli.plan_cli", "gnnpar.cli.report",
                "gnnpar.predict"]
     env = {**os.environ, "PYTHONPATH": str(target)}
     r = subprocess.run([sys.executable, "-c", code + "; import gnnpar; print(gnnpar.__file__)"
@@ -134,7 +134,7 @@ def test_help_states_each_default_once():
     """A flag whose help states its own default (``--macrobatch``, ``--prefetch``: parser
     default None) does not also get argparse's "(default: None)"; one that does not
     (``--dropout``) still gets the parser's default appended."""
-    from gnnpar.options import build_parser
+    from gnnpar.cli.options import build_parser
     text = " ".join(build_parser().format_help().split())
     assert "1 where the device may) --sampler-workers" in text
     assert "else one per sampler worker) --cache-frac" in text

@@ -19,14 +19,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gnnpar.rank import run_rank
-from gnnpar.shard_source import ShardSource
-from gnnpar.spec import RunSpec
+from gnnpar.training.rank import run_rank
+from gnnpar.training.shard_source import ShardSource
+from gnnpar.cli.spec import RunSpec
 from gnnpar.kernels.comm import (AUDIT_ENV, DIST_CALLS, Comm, CommDeviceError,
                                  control_all_reduce, device_routes, process_group_backend)
 from gnnpar.kernels.grid import ProcessGrid
-from gnnpar.options import build_parser
-from gnnpar.spawn import SpawnError, spawn
+from gnnpar.cli.options import build_parser
+from gnnpar.launcher.spawn import SpawnError, spawn
 
 from .cli_util import ROOT
 
@@ -209,4 +209,4 @@ def test_every_mode_runs_when_asked_for_a_cuda_only_backend(tmp_path, monkeypatc
     assert {"setup", "forward", "backward", "grad_sync", "control", "features"} <= phases
     callers = {r["caller"].split(":")[0] for r in records}
     # metric sums and the gradient sum of every runtime and engine: the one Reducer
-    assert {"gnnpar.checkpoint", "gnnpar.watchdog", "gnnpar.interfaces"} <= callers
+    assert {"gnnpar.training.checkpoint", "gnnpar.launcher.watchdog", "gnnpar.interfaces"} <= callers

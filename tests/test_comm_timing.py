@@ -13,16 +13,16 @@ import time
 
 import torch
 
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import Comm, control_all_reduce
 from gnnpar.kernels.grid import ProcessGrid
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .graphs import random_graph
 

@@ -16,16 +16,16 @@ import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.datasets.normalize import propagation_matrix
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES, Comm
 from gnnpar.kernels.grid import ProcessGrid
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .dist_cases import _loss_and_grads, rel_err
 from .graphs import random_graph

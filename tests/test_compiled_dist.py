@@ -10,7 +10,7 @@ where the kernel does not, so the comparison is within a tolerance, never bit fo
 import pytest
 
 from gnnpar.kernels import cpu_spmm
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 
 from .dist_cases import compiled_equivalence
 

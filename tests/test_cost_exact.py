@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from gnnpar.distributed import EPOCH_PHASES, DistRuntime
+from gnnpar.training.distributed import EPOCH_PHASES, DistRuntime
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES
@@ -24,12 +24,12 @@ from gnnpar.kernels.cost_terms import gat_kind
 from gnnpar.kernels.cost_model import (Machine, Structure, candidates, epoch_traffic, predict,
                                        rank_algorithms, run_options, run_structure,
                                        score_wire_bytes, wire_bytes)
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.plan_cli import main as plan_main
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.cli.plan_cli import main as plan_main
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .cli_util import run_train
 from .dist_cases import epoch_bytes, epoch_messages
@@ -68,9 +68,9 @@ def grid_args(algo, dims):
 
 def epoch_counts(rank, world, method, runs):
     """Rank body: each run ``(kind, algo, dims, variant, dtype, precision)`` trains one epoch
-    (:func:`gnnpar.trainer.fit`: a training step, the loss's reduction, an evaluation) of a
+    (:func:`gnnpar.training.trainer.fit`: a training step, the loss's reduction, an evaluation) of a
     ``kind`` model (``"gat"``: :data:`GAT_HEADS` heads) on the operator
-    :func:`gnnpar.rank._fullbatch` builds (its entry's options from the run settings, the wire
+    :func:`gnnpar.training.rank._fullbatch` builds (its entry's options from the run settings, the wire
     dtype). Returns per run this rank's [bytes, padded bytes, messages] of the training step
     (phases forward, backward, grad_sync), counted when its gradient sum returns, and the
     epoch record's ``comm_bytes_max_rank``. Runs of one case share its build (the wire is read

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gnnpar.datasets import InputError
-from gnnpar.distributed import EPOCH_PHASES, DistRuntime
+from gnnpar.training.distributed import EPOCH_PHASES, DistRuntime
 from gnnpar.kernels.algorithms import ALGORITHMS, cost_names, get, make_grid
 from gnnpar.kernels.comm import Comm
 from gnnpar.kernels.cost_model import (Machine, Structure, epoch_traffic, epoch_work,
@@ -18,10 +18,10 @@ from gnnpar.kernels.entry import Algorithm
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.kernels.spmm_1d import build_1d, row_axis
 from gnnpar.kernels.spmm_4d import build_4d_ops
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 
 from .graphs import random_graph
 

@@ -245,7 +245,7 @@ def test_a_rank_pool_has_its_threads_not_every_core(monkeypatch):
     """A rank of one thread starts numba's pool with one thread, not one per core (idle pool
     threads of many ranks on one host slowed a 16-rank epoch 9x), even when the parent's
     environment says otherwise."""
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     monkeypatch.setenv("NUMBA_NUM_THREADS", "2")
     assert spawn(_pool_size, 2, threads=1, timeout_s=120) == [(1, 1), (1, 1)]
 

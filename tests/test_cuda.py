@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from gnnpar.kernels.comm import AUDIT_ENV, Comm, device_routes
 from gnnpar.kernels.grid import ProcessGrid
-from gnnpar.models import GNN
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.nn.models import GNN
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .dist_cases import equivalence_many
 from .test_pipeline import serial_losses

@@ -1,5 +1,5 @@
 """A user's model through ``gnnpar-train --model package.module:factory``
-(``gnnpar/custom_model.py``), the one operator type a model receives (``LayerOps``), and the
+(``gnnpar/nn/custom_model.py``), the one operator type a model receives (``LayerOps``), and the
 refusals of a factory that cannot give a model."""
 import json
 import os
@@ -10,7 +10,7 @@ import torch
 
 from gnnpar.datasets import InputError
 from gnnpar.interfaces import LayerOps
-from gnnpar.models import GNN, build_model
+from gnnpar.nn.models import GNN, build_model
 from gnnpar.train import main
 
 from .cli_util import ROOT, readme_gin, run_installed, run_train

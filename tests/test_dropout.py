@@ -4,7 +4,7 @@ fused with it."""
 import pytest
 import torch
 
-from gnnpar.dropout import dropout, relu_dropout
+from gnnpar.nn.dropout import dropout, relu_dropout
 from gnnpar.kernels import cpu_dropout
 
 
@@ -128,7 +128,7 @@ GRAD = torch.tensor([INF, NAN, -INF]).repeat(160)
 
 
 def where_reference(x, g, keep, scale, relu):
-    """The rule gnnpar.dropout states: torch.where(keep & ~(x <= 0), x·scale, 0) and its
+    """The rule gnnpar.nn.dropout states: torch.where(keep & ~(x <= 0), x·scale, 0) and its
     autograd gradient."""
     x = x.clone().requires_grad_()
     on = keep & ~(x.detach() <= 0) if relu else keep

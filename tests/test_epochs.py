@@ -1,9 +1,9 @@
-"""The epoch loop every trainer shares (gnnpar/epochs.py): which epochs evaluate, what a
+"""The epoch loop every trainer shares (gnnpar/training/epochs.py): which epochs evaluate, what a
 record carries between evaluations, the stop after a non-finite loss, a resumed range."""
 import math
 
-from gnnpar.epochs import evaluation_due, run_epochs
-from gnnpar.trainer import TrainConfig
+from gnnpar.training.epochs import evaluation_due, run_epochs
+from gnnpar.training.trainer import TrainConfig
 
 
 def _run(cfg, losses, start_epoch=0):

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from gnnpar.spawn import SpawnError, spawn
+from gnnpar.launcher.spawn import SpawnError, spawn
 
 from .dist_cases import fail_mid_epoch
 

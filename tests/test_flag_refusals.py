@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-import gnnpar.launch
-import gnnpar.shard_source
-from gnnpar.options import algo_only, build_parser, check_args
+import gnnpar.launcher.launch
+import gnnpar.training.shard_source
+from gnnpar.cli.options import algo_only, build_parser, check_args
 from gnnpar.sampling.options import MINIBATCH_FLAGS, add_minibatch_args
 from gnnpar.train import main
 
@@ -179,5 +179,5 @@ def test_partitioner_other_than_the_shards_is_refused(block_shards, no_work, cap
 
 def test_partitioner_of_the_shards_is_accepted(block_shards):
     spec = argparse.Namespace(partition_dir=block_shards, reorder="none")
-    gnnpar.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner="block"))
-    gnnpar.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner=None))
+    gnnpar.training.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner="block"))
+    gnnpar.training.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner=None))

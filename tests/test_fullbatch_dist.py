@@ -11,7 +11,7 @@ import pytest
 from gnnpar.kernels.cost_model import Structure, epoch_traffic
 from gnnpar.kernels.blocks import Ownership
 from gnnpar.partitioners import partition_graph
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 
 from .dist_cases import equivalence_many
 from .graphs import random_graph

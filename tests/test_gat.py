@@ -1,4 +1,4 @@
-"""GAT on the edge-valued operator contract (kernels/edge_ops.py, gnnpar/attention.py) against a
+"""GAT on the edge-valued operator contract (kernels/edge_ops.py, gnnpar/nn/attention.py) against a
 dense reference written from the paper's formulas: outputs and every gradient, several head
 counts, concatenated and averaged heads, bipartite blocks, a row without edges; in mini batch,
 a neighbour drawn twice (``--replace``) counted once in every mode, and the data-parallel and
@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from gnnpar.attention import GATLayer
+from gnnpar.nn.attention import GATLayer
 from gnnpar.kernels.edge_ops import CsrEdges, EdgeOperator, edge_softmax
 from gnnpar.kernels.local import SparseOperator
-from gnnpar.models import build_model
+from gnnpar.nn.models import build_model
 
 from .cli_util import run_train
 
@@ -167,7 +167,7 @@ def test_readme_attention_example_runs_and_is_softmax_attention():
 def test_1d_algorithms_equal_serial(algo, world, method, heads):
     """Every rank's rows, every gradient and the 3-epoch loss curve of a 3-layer GAT on a 1D
     algorithm equal the serial run's (uneven parts: 41 rows), and the exchanges are counted."""
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     from .dist_cases import gat_equivalence
     outs = spawn(gat_equivalence, world, args=(algo, 41, world == 3, method, heads),
                  timeout_s=240)
@@ -197,7 +197,7 @@ BLOCK_CASES = [
 def test_block_algorithms_equal_serial(algo, world, dims, replication, kw, heads):
     """As the 1D test, on the block operators (kernels/edge_block.py): a row's edges spread
     over the out axis, its softmax's maximum and sum reduced over it."""
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     from .dist_cases import gat_equivalence
     outs = spawn(gat_equivalence, world, args=(algo, 41, world == 3, "random", heads, dims,
                                                replication, kw), timeout_s=240)
@@ -215,7 +215,7 @@ def test_readme_attention_layer_equals_serial_on_every_kind_of_operator(algo, wo
     """The user guide's custom attention layer (written against the contract only, no algorithm
     named) trains to the serial run's outputs, gradients and loss curve on a 1D, a block and
     a 3D operator."""
-    from gnnpar.spawn import spawn
+    from gnnpar.launcher.spawn import spawn
     from .dist_cases import gat_equivalence
     outs = spawn(gat_equivalence, world, args=(algo, 41, world == 3, "random", 2, dims,
                                                replication, kw, "readme"), timeout_s=240)
@@ -304,7 +304,7 @@ def test_gat_on_full_neighbourhood_blocks_equals_the_full_graph():
     parameter gradients equal the full-graph serial model's."""
     from gnnpar.sampling import NeighborSampler, SamplerConfig, Topology, batch_rng
     from gnnpar.sampling.blocks import block_operators
-    from gnnpar.serial import SerialRuntime
+    from gnnpar.training.serial import SerialRuntime
     from .graphs import random_graph
     graph = random_graph(n=120, avg_deg=4, f=6, classes=3, seed=9)
     seeds = np.arange(3, 120, 7)

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from gnnpar.options import build_parser, check_args
-from gnnpar.spec import RunSpec
+from gnnpar.cli.options import build_parser, check_args
+from gnnpar.cli.spec import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGOS = ("1d", "1d-halo", "1.5d", "2d", "3d", "4d")

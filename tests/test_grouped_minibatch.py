@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from gnnpar.kernels.bipartite import block_shard, dst_first_owner
-from gnnpar.models import GNN
-from gnnpar.options import build_parser
+from gnnpar.nn.models import GNN
+from gnnpar.cli.options import build_parser
 from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
-from gnnpar.sampling.setup import build_rank
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
+from gnnpar.training.minibatch_setup import build_rank
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
 
 from .graphs import random_graph
 

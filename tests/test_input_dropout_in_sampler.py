@@ -1,23 +1,23 @@
 """The input features' dropout done by the mini-batch sampler (``ServiceConfig.input_dropout``,
 gnnpar/sampling/service.py) instead of the model: the hash mask of a seed of (seed, epoch,
 stream, step), bit for bit; a step on such a minibatch equals the model dropping the same
-mask itself; :class:`gnnpar.models.GNN` refuses features dropped with another p, or while
+mask itself; :class:`gnnpar.nn.models.GNN` refuses features dropped with another p, or while
 it evaluates; the run's setup hands the sampler a GNN's p on a CPU run, and nothing for a
 model of one's own or on a GPU."""
 import numpy as np
 import pytest
 import torch
 
-from gnnpar import models
-from gnnpar.dropout import _units
+from gnnpar.nn import models
+from gnnpar.nn.dropout import _units
 from gnnpar.interfaces import LayerOps
 from gnnpar.kernels import cpu_dropout
-from gnnpar.models import GNN, sampler_input_dropout
+from gnnpar.nn.models import GNN, sampler_input_dropout
 from gnnpar.sampling import row_gather
-from gnnpar.sampling.loop import DataParallel, train_step
+from gnnpar.training.minibatch_loop import DataParallel, train_step
 from gnnpar.sampling.neighbor import input_dropout_seed
 from gnnpar.sampling.service import SamplingStats, ServiceConfig
-from gnnpar.trainer import TrainConfig, make_optimizer
+from gnnpar.training.trainer import TrainConfig, make_optimizer
 
 from .graphs import random_graph
 from .test_minibatch_speed_parts import _service

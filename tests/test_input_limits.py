@@ -21,15 +21,15 @@ import zipfile
 import numpy as np
 import pytest
 
-from gnnpar.cli_common import EXIT_DIVERGED, JsonLog, cut_log
+from gnnpar.cli.cli_common import EXIT_DIVERGED, JsonLog, cut_log
 from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import (DEFAULT_MEMORY_SHARE, MAX_BYTES_ENV, machine_memory,
                                    memory_limit)
 from gnnpar.datasets.normalize import union_structure, values_for
 from gnnpar.datasets.readers import read_npz
-from gnnpar.options import build_parser
-from gnnpar.plan_cli import main as plan_main
-from gnnpar.spec import RunSpec
+from gnnpar.cli.options import build_parser
+from gnnpar.cli.plan_cli import main as plan_main
+from gnnpar.cli.spec import RunSpec
 from gnnpar.train import main
 
 SMALL = "sbm:n=300,blocks=3,p_in=0.05,p_out=0.005,feat=8,seed=1"

@@ -12,10 +12,10 @@ from gnnpar.link.metrics import auc, hits_at, mrr
 from gnnpar.link.negatives import negatives
 from gnnpar.link.loop import evaluate_link, fit_link
 from gnnpar.link.split import parse_fractions, split_edges, undirected_edges
-from gnnpar.models import GNN
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig
+from gnnpar.nn.models import GNN
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig
 
 from .link_cases import MODELS, exchange_bytes, link_all, reference
 from .predict_cases import cases
@@ -205,8 +205,8 @@ def write_npz_split(path, g, split, drop=()):
 
 
 def test_a_dataset_split_is_read_as_given(tmp_path):
-    from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
+    from gnnpar.training.shard_source import load_graph
+    from gnnpar.cli.spec import RunSpec
     g = random_graph(n=200, edges=900, seed=3)
     _, split = split_edges(g, (0.6, 0.2, 0.2), seed=9)
     path = tmp_path / "own.npz"
@@ -226,8 +226,8 @@ def test_a_dataset_split_is_read_as_given(tmp_path):
 
 
 def test_a_dataset_split_with_bad_ids_is_refused(tmp_path):
-    from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
+    from gnnpar.training.shard_source import load_graph
+    from gnnpar.cli.spec import RunSpec
     g = random_graph(n=50, edges=200, seed=4)
     _, split = split_edges(g, seed=1)
     bad = split.test_pos.copy()

@@ -78,8 +78,8 @@ def test_saved_link_model_loads_with_its_decoder(tmp_path):
 
     import gnnpar
     from gnnpar.link.metrics import auc
-    from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
+    from gnnpar.training.shard_source import load_graph
+    from gnnpar.cli.spec import RunSpec
 
     train(tmp_path, *LINK, "--decoder", "mlp", "--save-model", "link.pt",
           "--log-json", "log.jsonl")

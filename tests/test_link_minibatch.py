@@ -20,14 +20,14 @@ import torch
 from gnnpar.link.decoders import summed_link_loss
 from gnnpar.link.minibatch import LinkPlan, link_minibatch_step, rank_positives
 from gnnpar.link.split import split_edges
-from gnnpar.models import GNN
-from gnnpar.options import build_parser
+from gnnpar.nn.models import GNN
+from gnnpar.cli.options import build_parser
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
 from gnnpar.sampling.blocks import block_operators
-from gnnpar.sampling.setup import build_rank
-from gnnpar.spawn import spawn
+from gnnpar.training.minibatch_setup import build_rank
+from gnnpar.launcher.spawn import spawn
 
 from .cli_util import run_installed
 from .graphs import random_graph

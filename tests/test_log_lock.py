@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-import gnnpar.shard_source
-from gnnpar.logged import LogLock, lock_folder
+import gnnpar.training.shard_source
+from gnnpar.training.logged import LogLock, lock_folder
 from gnnpar.train import main
 
 from .cli_util import ROOT
@@ -28,7 +28,7 @@ def no_work(monkeypatch):
     """Fail the test if the run gets as far as loading its data."""
     def boom(*a, **k):
         raise AssertionError("the run started working before refusing its busy log")
-    monkeypatch.setattr(gnnpar.shard_source, "load_dataset", boom)
+    monkeypatch.setattr(gnnpar.training.shard_source, "load_dataset", boom)
 
 
 @pytest.mark.parametrize("extra", [[], ["--algo", "1d-halo", "--nprocs", "2"],

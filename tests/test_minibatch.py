@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
-from gnnpar.models import GNN
-from gnnpar.options import build_parser
+from gnnpar.nn.models import GNN
+from gnnpar.cli.options import build_parser
 from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
-from gnnpar.sampling.loop import fit_minibatch
-from gnnpar.sampling.setup import build_rank
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.training.minibatch_loop import fit_minibatch
+from gnnpar.training.minibatch_setup import build_rank
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .graphs import random_graph
 

@@ -16,14 +16,14 @@ import torch
 from gnnpar.kernels import csr_transpose
 from gnnpar.kernels.csr_transpose import transpose_csr, transpose_csr_numpy
 from gnnpar.kernels.local import SparseOperator
-from gnnpar.models import GNN
-from gnnpar.product_order import aggregate_first, aggregate_first_op, product_costs
+from gnnpar.nn.models import GNN
+from gnnpar.nn.product_order import aggregate_first, aggregate_first_op, product_costs
 from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
                              SamplerConfig, ServiceConfig, Topology, batch_rng)
 from gnnpar.sampling.blocks import BlockOperator, block_operators
-from gnnpar.sampling.loop import DataParallel, train_step
+from gnnpar.training.minibatch_loop import DataParallel, train_step
 from gnnpar.sampling.service import SamplingStats, lower_thread_priority
-from gnnpar.trainer import TrainConfig, make_optimizer
+from gnnpar.training.trainer import TrainConfig, make_optimizer
 
 from .graphs import random_graph
 
@@ -135,7 +135,7 @@ def _service(graph, model, cfg, batch=16):
 @pytest.mark.parametrize("f_in,hidden", [(5, 8), (12, 4), (64, 1)])
 def test_service_builds_a_needed_input_transpose_after_the_first_use(f_in, hidden):
     """When SAGE's first layer aggregates the raw features first (the cheaper order,
-    gnnpar/product_order.py), block 0's Âᵀ is never built. When the weight comes first the
+    gnnpar/nn/product_order.py), block 0's Âᵀ is never built. When the weight comes first the
     features need a gradient: the first such step builds it on demand, the workers build it
     from then on. Losses as with every transpose built up front."""
     graph = random_graph(150, 6, f=f_in, seed=1)
@@ -287,7 +287,7 @@ class _Dense:
 
 def test_spawned_ranks_get_threads(monkeypatch):
     """``--threads T`` reaches every ``--nprocs`` rank (launch passes it to spawn)."""
-    import gnnpar.launch as launch
+    import gnnpar.launcher.launch as launch
     seen = {}
 
     def fake_spawn(fn, nprocs, args=(), **kw):
@@ -295,7 +295,7 @@ def test_spawned_ranks_get_threads(monkeypatch):
         return [{}]
     monkeypatch.setattr(launch, "spawn", fake_spawn)
     monkeypatch.setattr(launch, "prepare_shards", lambda *a, **k: (None, False))
-    from gnnpar.spec import RunSpec
+    from gnnpar.cli.spec import RunSpec
     launch._spawn_local(RunSpec(mode="minibatch", nprocs=2, threads=3, fanouts=(2,),
                                 batch_size=4, layers=1))
     assert seen["threads"] == 3

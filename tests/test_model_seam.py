@@ -11,16 +11,16 @@ import torch
 
 import gnnpar
 from gnnpar.datasets import InputError
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.interfaces import EdgeOperator, Operator
 from gnnpar.kernels.algorithms import make_grid
-from gnnpar.models import GNN, LAYERS, build_model, sampler_input_dropout
+from gnnpar.nn.models import GNN, LAYERS, build_model, sampler_input_dropout
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import NeighborSampler, SamplerConfig, Topology, batch_rng
-from gnnpar.saved_model import load_model
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
+from gnnpar.infer.saved_model import load_model
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
 
 from . import readme_layers
 from .cli_util import readme_gin, run_installed
@@ -218,10 +218,10 @@ def test_a_saved_registered_layer_model_loads_in_python(tmp_path, monkeypatch):
 
 
 def test_the_model_table_agrees_with_the_layers_and_the_tools():
-    """gnnpar/model_registry.py's facts are the layers' own, and the tools read their names
+    """gnnpar/nn/model_registry.py's facts are the layers' own, and the tools read their names
     from it."""
-    from gnnpar.model_registry import MODELS, USER, facts
-    from gnnpar.plan_cli import build_parser as plan_parser
+    from gnnpar.nn.model_registry import MODELS, USER, facts
+    from gnnpar.cli.plan_cli import build_parser as plan_parser
     for name, f in MODELS.items():
         assert LAYERS[name].norm == f.norm, name
         assert GNN(name, 4, 8, 2, 2, 0.0).norm == f.norm

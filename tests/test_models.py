@@ -5,7 +5,7 @@ import torch
 
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.kernels.local import SparseOperator, transpose_csr
-from gnnpar.models import GNN, GCNLayer, SAGELayer
+from gnnpar.nn.models import GNN, GCNLayer, SAGELayer
 
 from .graphs import random_graph
 
@@ -77,8 +77,8 @@ def test_gnn_per_layer_ops_and_bipartite_block():
 
 def test_reused_outputs_give_identical_training_and_stay_bounded():
     """The serial runtime's reused SpMM buffers change nothing but speed."""
-    from gnnpar.serial import SerialRuntime
-    from gnnpar.trainer import TrainConfig, fit
+    from gnnpar.training.serial import SerialRuntime
+    from gnnpar.training.trainer import TrainConfig, fit
     g = random_graph(n=60, f=5, seed=4)
     curves, params = [], []
     for reuse in (False, True):

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from gnnpar.bootstrap import free_port
+from gnnpar.launcher.bootstrap import free_port
 
 from .cli_util import ROOT
 from .required import missing as missing_part

@@ -1,4 +1,4 @@
-"""OGB folders through the real command: ``python -m gnnpar.partition_cli --dataset ogb:DIR
+"""OGB folders through the real command: ``python -m gnnpar.cli.partition_cli --dataset ogb:DIR
 --cache-dir C ...`` in a subprocess.
 
 A damaged ``raw/edge.csv.gz`` (truncated; a line with one column; a node id out of range)
@@ -42,7 +42,7 @@ def bench():
 
 
 def _cli(root, cache):
-    return subprocess.run([sys.executable, "-m", "gnnpar.partition_cli", "--dataset", f"ogb:{root}",
+    return subprocess.run([sys.executable, "-m", "gnnpar.cli.partition_cli", "--dataset", f"ogb:{root}",
                            "--cache-dir", str(cache), "--parts", "2", "--method", "block", "--report",
                            "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**os.environ, "PYTHONPATH": ROOT, "PYTHONDONTWRITEBYTECODE": "1"})

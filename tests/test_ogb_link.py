@@ -74,8 +74,8 @@ def _keys(pairs):
 @pytest.mark.parametrize("layout,as_tensors", [("edge", False), ("source", True),
                                                ("source", False)])
 def test_link_folder_split_read_as_given(tmp_path, layout, as_tensors):
-    from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
+    from gnnpar.training.shard_source import load_graph
+    from gnnpar.cli.spec import RunSpec
     train, val, test = write_link_folder(tmp_path / "ogbl", layout, as_tensors)
     spec = f"ogb:{tmp_path / 'ogbl'}"
     g = load_dataset(spec)
@@ -100,8 +100,8 @@ def test_link_folder_split_read_as_given(tmp_path, layout, as_tensors):
 
 def test_link_folder_with_held_out_edges_in_raw_keeps_them_out(tmp_path):
     """A folder whose raw/ edges include the held-out ones: they are removed all the same."""
-    from gnnpar.shard_source import load_graph
-    from gnnpar.spec import RunSpec
+    from gnnpar.training.shard_source import load_graph
+    from gnnpar.cli.spec import RunSpec
     root = tmp_path / "ogbl"
     train, val, test = write_link_folder(root)
     every = np.concatenate([train, val, test])

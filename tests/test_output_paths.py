@@ -12,7 +12,7 @@ import pytest
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.owned import MARKER, claim, claiming_folder
 from gnnpar.datasets.spec import cache_entry
-from gnnpar.options import build_parser, check_args
+from gnnpar.cli.options import build_parser, check_args
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shards import dataset_source
 
@@ -138,16 +138,16 @@ def test_every_tool_refuses_with_exit_2_and_touches_nothing(folders, tmp_path):
     res = _cli("gnnpar.train", "--dataset", SPEC, "--epochs", "1", "--log-json",
                str(shards / "meta.json"))
     _one_error(res, "gnnpar-train")
-    res = _cli("gnnpar.partition_cli", "--dataset", SPEC, "--parts", "2", "--method", "block",
+    res = _cli("gnnpar.cli.partition_cli", "--dataset", SPEC, "--parts", "2", "--method", "block",
                "--out", str(ckpt / "rank-00000" / "shards"))
     _one_error(res, "gnnpar-partition")
-    res = _cli("gnnpar.plan_cli", "--calibrate", "--calibration", str(shards / "calib.json"))
+    res = _cli("gnnpar.cli.plan_cli", "--calibrate", "--calibration", str(shards / "calib.json"))
     _one_error(res, "gnnpar-plan")
     log = tmp_path / "run.jsonl"
     log.write_text('{"epoch": 0, "loss": 1.0}\n')
-    res = _cli("gnnpar.report", str(log), "-o", str(shards / "part-00000" / "r.png"))
+    res = _cli("gnnpar.cli.report", str(log), "-o", str(shards / "part-00000" / "r.png"))
     _one_error(res, "gnnpar-report")
-    res = _cli("gnnpar.report", str(log), "-o", str(log))
+    res = _cli("gnnpar.cli.report", str(log), "-o", str(log))
     assert res.returncode == 2 and "overwrite the log" in res.stderr, res.stderr[-2000:]
     assert (tree(shards), tree(ckpt)) == before
     assert not os.path.exists(ckpt / "rank-00000" / "shards")

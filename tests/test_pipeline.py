@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from gnnpar.datasets import InputError, load_dataset
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
                              SamplerConfig, ServiceConfig, Topology, batch_rng)
 from gnnpar.sampling.device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
 from gnnpar.sampling.draws import HashDraws, PcgDraws
-from gnnpar.sampling.loop import DataParallel, fit_minibatch
+from gnnpar.training.minibatch_loop import DataParallel, fit_minibatch
 from gnnpar.sampling.placement import resolve_placement
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig
 
 from .graphs import random_graph
 from .test_minibatch import cli_args, uneven_partition
@@ -139,7 +139,7 @@ def test_hash_draws_pipelined_equals_inline():
 
 def _dp_body(rank, world, extra):
     from gnnpar.partitioners.shard_build import build_shard
-    from gnnpar.sampling.setup import build_rank
+    from gnnpar.training.minibatch_setup import build_rank
     graph = random_graph(240, 8, seed=4)
     shard = build_shard(graph, uneven_partition(graph), rank)
     args = cli_args("--fanouts", "4,3", "--batch-size", "24", "--cache-frac", "0.1",
@@ -206,8 +206,8 @@ def test_features_auto_on_a_gpu_follows_free_memory(monkeypatch, free, expect):
 def test_pipeline_defaults_of_a_cpu_run(flags, device, expect):
     """The CLI's unset --macrobatch/--prefetch resolve in the frozen spec (every rank alike),
     and the service the setup builds uses them."""
-    from gnnpar.sampling.setup import _service_cfg
-    from gnnpar.spec import RunSpec
+    from gnnpar.training.minibatch_setup import _service_cfg
+    from gnnpar.cli.spec import RunSpec
     spec = RunSpec.from_args(cli_args("--fanouts", "5,5", "--batch-size", "8", "--device",
                                       device, *flags))
     assert (spec.macrobatch, spec.prefetch) == expect

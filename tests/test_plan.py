@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from gnnpar.calibrate import CALIBRATION_ENV, calibrate, save
+from gnnpar.cli.calibrate import CALIBRATION_ENV, calibrate, save
 from gnnpar.datasets import InputError
 from gnnpar.kernels.cost_model import Machine, rank_algorithms
-from gnnpar.options import build_parser
-from gnnpar.plan_cli import machine_from, main, parse_bytes
-from gnnpar.spec import RunSpec
+from gnnpar.cli.options import build_parser
+from gnnpar.cli.plan_cli import machine_from, main, parse_bytes
+from gnnpar.cli.spec import RunSpec
 
 
 def test_parse_bytes():
@@ -143,7 +143,7 @@ def test_partitioned_plan_is_per_busiest_rank(capsys):
 
 
 def test_calibrate_keeps_a_file_that_is_not_a_calibration(tmp_path, monkeypatch, capsys):
-    import gnnpar.plan_cli as plan_cli
+    import gnnpar.cli.plan_cli as plan_cli
 
     def probe(**kw):
         raise AssertionError("the probe ran before the target was checked")
@@ -168,10 +168,10 @@ def test_auto_models_the_partition_the_run_uses():
     """--nprocs: --algo auto ranks on the busiest rank of the very partition the shards get
     (the same rows as gnnpar-plan --partitioner), and hands that partition on."""
     from gnnpar.kernels.cost_model import Structure
-    from gnnpar.launch import choose_algorithm
+    from gnnpar.launcher.launch import choose_algorithm
     from gnnpar.partitioners import partition_graph
-    from gnnpar.plan_cli import plan
-    from gnnpar.shard_source import load_graph
+    from gnnpar.cli.plan_cli import plan
+    from gnnpar.training.shard_source import load_graph
     spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=3, partitioner="random",
                    seed=4, quiet=True)
     chosen, graph, part = choose_algorithm(spec, 3, exact=True)
@@ -192,9 +192,9 @@ def test_auto_models_the_runs_blocks_and_wire():
     ``--block-layout``/``--seed`` move 2d's and 3d's blocks but not the partition's algorithms
     (1d, 1d-halo, 1.5d); the choice is the top row of those settings."""
     from gnnpar.kernels.cost_model import Structure
-    from gnnpar.launch import choose_algorithm
-    from gnnpar.plan_cli import plan
-    from gnnpar.shard_source import load_graph, run_partition
+    from gnnpar.launcher.launch import choose_algorithm
+    from gnnpar.cli.plan_cli import plan
+    from gnnpar.training.shard_source import load_graph, run_partition
     spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=4, partitioner="metis",
                    seed=4, quiet=True)
     g = load_graph(spec)

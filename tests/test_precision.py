@@ -1,4 +1,4 @@
-"""``--precision bf16`` (gnnpar/precision.py): mixed-precision training against fp32.
+"""``--precision bf16`` (gnnpar/nn/precision.py): mixed-precision training against fp32.
 
 - accuracy: bf16 test accuracy within 0.5 points of fp32 on the default SBM dataset and on an
   R-MAT graph whose labels its structure decides (R-MAT's own labels are random, so both
@@ -19,22 +19,22 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import gnnpar.rank
+import gnnpar.training.rank
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.datasets.normalize import propagation_matrix
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels import cpu_spmm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.cpu_spmm import csr_mm
 from gnnpar.kernels.local import SparseOperator, csr_tensor
-from gnnpar.models import GNN, build_model
+from gnnpar.nn.models import GNN, build_model
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.precision import autocast, compute_dtype, loss_logits, matmuls
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
+from gnnpar.nn.precision import autocast, compute_dtype, loss_logits, matmuls
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
 from gnnpar.train import main as train_main
-from gnnpar.trainer import TrainConfig, fit, make_optimizer
+from gnnpar.training.trainer import TrainConfig, fit, make_optimizer
 
 from .graphs import random_graph
 from .exact import sequential_mm
@@ -288,7 +288,7 @@ def _probe(monkeypatch):
         seen["models"].append(model)
         return model
 
-    monkeypatch.setattr(gnnpar.rank, "build_model", build)
+    monkeypatch.setattr(gnnpar.training.rank, "build_model", build)
     return seen
 
 
@@ -368,7 +368,7 @@ def test_tf32_is_refused_on_the_cpu():
 
 def test_summed_cross_entropy_both_forms_agree():
     """The CUDA form (log_softmax, gather, the mask on the terms) is the CPU form's sum."""
-    from gnnpar import loss as L
+    from gnnpar.nn import loss as L
     torch.manual_seed(0)
     logits = torch.randn(40, 5, requires_grad=True)
     y = torch.randint(0, 5, (40,))

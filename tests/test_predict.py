@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import gnnpar
-from gnnpar import predict_files
+from gnnpar.infer import predict_files
 from gnnpar.link import scoring
 from gnnpar.link.decoders import DotDecoder
 from gnnpar.datasets import InputError
-from gnnpar.inference import embeddings_layer, forward_rows, layerwise
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
+from gnnpar.infer.inference import embeddings_layer, forward_rows, layerwise
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
 
 from .predict_cases import (KINDS, LAYERWISE_KINDS, cases, graph, max_error, model,
                             predict_all, reference)
@@ -83,8 +83,8 @@ def test_layerwise_equals_forward(kind, batch):
 def test_library_predict_in_dataset_order(tmp_path):
     """``gnnpar.predict`` on a reordered graph gives rows in the dataset's order, the same
     as on the graph in its own order; ``gnnpar.load_model`` reads what --save-model wrote."""
-    from gnnpar.saved_model import model_payload, write_model_file
-    from gnnpar.spec import RunSpec
+    from gnnpar.infer.saved_model import model_payload, write_model_file
+    from gnnpar.cli.spec import RunSpec
     g, g_reordered = graph()
     m = model("sage")
     path = str(tmp_path / "m.pt")
@@ -108,7 +108,7 @@ def test_embeddings_layer_range():
         with pytest.raises(InputError, match="out of range.*1..2"):
             embeddings_layer(m, bad)
     with pytest.raises(InputError, match="one layer"):
-        embeddings_layer(gnnpar.models.GNN("gcn", 3, 4, 2, layers=1), None)
+        embeddings_layer(gnnpar.nn.models.GNN("gcn", 3, 4, 2, layers=1), None)
     with pytest.raises(InputError, match="no `layers`"):
         embeddings_layer(torch.nn.Linear(3, 2), None)
 

@@ -20,9 +20,9 @@ import time
 import pytest
 import torch
 
-from gnnpar.checkpoint import MAGIC
-from gnnpar.logged import lock_folder
-from gnnpar.options import build_parser
+from gnnpar.training.checkpoint import MAGIC
+from gnnpar.training.logged import lock_folder
+from gnnpar.cli.options import build_parser
 from gnnpar.train import main
 
 from .cli_util import doc_text, installed, readme_gin, run_installed
@@ -79,7 +79,7 @@ def test_readme_model_trains_under_mpirun_through_the_console_script(user_dir):
 def test_a_module_in_the_cwd_can_import_its_neighbours_later(tmp_path, monkeypatch):
     """The working directory stays reachable after ``--model``'s import: a factory that
     imports a sibling module when it is called (not at import) finds it."""
-    from gnnpar.custom_model import build_custom
+    from gnnpar.nn.custom_model import build_custom
     (tmp_path / "lazy_gnn_x1.py").write_text(
         "def gin(*args):\n    from my_gnn_x1 import gin as real\n    return real(*args)\n")
     (tmp_path / "my_gnn_x1.py").write_text(readme_gin())

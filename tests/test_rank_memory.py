@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from gnnpar.logged import final_metrics
-from gnnpar.memory import (array_bytes, gather_ints, halo_row_bytes, local_current_bytes,
+from gnnpar.training.logged import final_metrics
+from gnnpar.training.memory import (array_bytes, gather_ints, halo_row_bytes, local_current_bytes,
                            local_peak_bytes, merge_rank_peaks, spmm_width)
 from gnnpar.partitioners.shards import load_shard
 
@@ -21,7 +21,7 @@ LISTS = ("peak_mem_bytes_ranks", "baseline_mem_bytes_ranks", "shard_bytes_ranks"
 
 
 def shard_nbytes(shard) -> int:
-    """Every array of the shard, named one by one (not through gnnpar.memory)."""
+    """Every array of the shard, named one by one (not through gnnpar.training.memory)."""
     arrays = [shard.global_ids, shard.indptr, shard.indices, shard.raw_weight, shard.orig_edge,
               shard.halo_ids, shard.recv_counts, shard.send_counts, shard.send_local, shard.x,
               shard.y, shard.train_mask, shard.val_mask, shard.test_mask,

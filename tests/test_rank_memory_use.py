@@ -15,7 +15,7 @@ import torch
 import gnnpar.kernels.overlap as overlap
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shards import load_shard
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 
 from .graphs import random_graph
 
@@ -93,7 +93,7 @@ def test_validation_hands_back_the_mapped_pages(big_shard):
 def runtime_body(rank, world, folder):
     """One rank: VmRSS before the shard, after it, and after the 1D halo runtime; where its
     rows and the shard's arrays live."""
-    from gnnpar.distributed import DistRuntime, _file_id, _mapped_file
+    from gnnpar.training.distributed import DistRuntime, _file_id, _mapped_file
     from gnnpar.kernels.algorithms import make_grid
 
     grid = make_grid("1d-halo", world)
@@ -121,7 +121,7 @@ def test_runtime_maps_rows_and_hands_back_the_shard(big_shard):
     assert all(b <= 64 << 10 for b in r["resident"].values()), r["resident"]
     # no shard page left resident (the operator read indices and values: 36 MB), counted on
     # the mappings of the shard's own files: a rank forked from the fork server
-    # (gnnpar/rank_start.py) faults in the library code it inherited as it first runs it, so
+    # (gnnpar/launcher/rank_start.py) faults in the library code it inherited as it first runs it, so
     # its gross RssFile growth counts libraries too (26.8 MB in CI at 12a2112) ...
     assert r["shard_files_mb"] < 0.25 * r["shard_mb"], r
     # ... and besides the operator's own arrays (24 bytes a non-zero) only setup leftovers

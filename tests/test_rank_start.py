@@ -1,4 +1,4 @@
-"""Ranks fork from a fork server (gnnpar/rank_start.py), yet behave as spawned ones: each takes
+"""Ranks fork from a fork server (gnnpar/launcher/rank_start.py), yet behave as spawned ones: each takes
 the caller's environment and folder of the moment of the call, a SIGTERM to the launcher's
 whole process group still lets every rank write its checkpoint (exit 143), and the server's
 folder in $TMPDIR is removed at exit, or by the next launch when the launcher was SIGKILLed.
@@ -12,8 +12,8 @@ import tempfile
 
 import psutil
 
-from gnnpar.rank_start import SERVER_PREFIX
-from gnnpar.spawn import spawn
+from gnnpar.launcher.rank_start import SERVER_PREFIX
+from gnnpar.launcher.spawn import spawn
 
 from .cli_util import ROOT
 from .test_spawn_liveness import epochs_logged, reap, train, wait_for_training
@@ -58,7 +58,7 @@ def test_sigterm_to_the_whole_group_is_a_preemption_with_a_checkpoint(tmp_path):
 LAUNCHER = r"""
 import os, sys, time
 from tests.test_rank_start import report
-from gnnpar.spawn import spawn
+from gnnpar.launcher.spawn import spawn
 spawn(report, 1, timeout_s=60)
 print(os.getpid(), flush=True)
 time.sleep(float(sys.argv[1]))
@@ -93,7 +93,7 @@ def test_a_deep_tmpdir_spawns_the_ranks(tmp_path):
     """A Unix socket's path cannot exceed 107 bytes: under a deeper $TMPDIR ranks are spawned."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
-    code = ("from tests.test_rank_start import report\nfrom gnnpar.spawn import spawn\n"
+    code = ("from tests.test_rank_start import report\nfrom gnnpar.launcher.spawn import spawn\n"
             "import json, os\nprint(json.dumps([os.getpid(), spawn(report, 2, timeout_s=60)]))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(deep),

@@ -93,10 +93,10 @@ def test_the_guide_prints_commands_to_run_and_to_parse():
 
 
 #: the console scripts, by the module ``python -m`` / ``torchrun -m`` names
-TOOLS = {"gnnpar-train": "gnnpar.options", "gnnpar-partition": "gnnpar.partition_cli",
-         "gnnpar-plan": "gnnpar.plan_cli", "gnnpar-predict": "gnnpar.predict",
-         "gnnpar-report": "gnnpar.report"}
-MODULES = {"gnnpar.train": "gnnpar.options", "gnnpar.predict": "gnnpar.predict"}
+TOOLS = {"gnnpar-train": "gnnpar.cli.options", "gnnpar-partition": "gnnpar.cli.partition_cli",
+         "gnnpar-plan": "gnnpar.cli.plan_cli", "gnnpar-predict": "gnnpar.predict",
+         "gnnpar-report": "gnnpar.cli.report"}
+MODULES = {"gnnpar.train": "gnnpar.cli.options", "gnnpar.predict": "gnnpar.predict"}
 
 
 def tool_argv(cmd: str):

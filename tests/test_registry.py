@@ -10,20 +10,20 @@ import pytest
 import torch
 
 from gnnpar.datasets import InputError
-from gnnpar.distributed import DistRuntime
+from gnnpar.training.distributed import DistRuntime
 from gnnpar.kernels import cost_model
 from gnnpar.kernels.algorithms import (ALGORITHMS, cost_names, get, group_grid_shape,
                                        make_grid, names, register)
 from gnnpar.kernels.cost_terms import Cost, Structure
 from gnnpar.kernels.entry import LAYOUT_FLAGS, Algorithm, GroupRule
 from gnnpar.kernels.grid import AXES
-from gnnpar.models import GNN
-from gnnpar.options import algo_choices, algo_only, build_parser, check_algo_flags
+from gnnpar.nn.models import GNN
+from gnnpar.cli.options import algo_choices, algo_only, build_parser, check_algo_flags
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
-from gnnpar.serial import SerialRuntime
-from gnnpar.spawn import spawn
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.launcher.spawn import spawn
+from gnnpar.training.trainer import TrainConfig, fit
 
 from .graphs import random_graph
 from .toy_ring import RING

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gnnpar import report
+from gnnpar.cli import report
 
 
 def synthetic_log(path, epochs=12, world=4, sampling=True, per_rank=False):

@@ -16,7 +16,7 @@ import warnings
 import pytest
 import torch
 
-from gnnpar.checkpoint import CheckpointWarning
+from gnnpar.training.checkpoint import CheckpointWarning
 from gnnpar.train import main
 
 DATA = ["--dataset", "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02", "--quiet"]

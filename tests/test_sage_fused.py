@@ -10,7 +10,7 @@ import torch
 from gnnpar.kernels import cpu_dropout, sage_fused
 from gnnpar.kernels.bipartite import BipartiteOperator
 from gnnpar.kernels.local import SparseOperator
-from gnnpar.models import GNN, SAGELayer
+from gnnpar.nn.models import GNN, SAGELayer
 
 
 def block_arrays(n_dst, n_src, max_deg=6, seed=0, self_loops=True):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gnnpar.datasets.normalize import propagation_matrix
-from gnnpar.models import GNN
+from gnnpar.nn.models import GNN
 from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
                              NeighborSampler, SamplerConfig, SamplingStats, ServiceConfig,
                              Topology, batch_rng)
@@ -17,7 +17,7 @@ from gnnpar.sampling.blocks import Relabeler, assemble_block, assemble_block_num
 from gnnpar.sampling.cache import by_degree, by_presampling
 from gnnpar.sampling.choose import choose_positions, draw_count, floyd_subsets
 from gnnpar.sampling.neighbor import sample_entries, sample_entries_numpy
-from gnnpar.serial import SerialRuntime
+from gnnpar.training.serial import SerialRuntime
 
 from .graphs import random_graph
 

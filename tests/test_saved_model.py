@@ -13,11 +13,11 @@ import torch
 import gnnpar
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.interfaces import LayerOps
-from gnnpar.models import build_model
-from gnnpar.saved_model import model_payload, write_model_file
-from gnnpar.serial import SerialRuntime
-from gnnpar.spec import RunSpec
-from gnnpar.trainer import TrainConfig, evaluate, fit
+from gnnpar.nn.models import build_model
+from gnnpar.infer.saved_model import model_payload, write_model_file
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.cli.spec import RunSpec
+from gnnpar.training.trainer import TrainConfig, evaluate, fit
 
 from .cli_util import ROOT
 

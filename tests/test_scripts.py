@@ -82,7 +82,7 @@ def test_pipeline_dry_run(tmp_path):
                PHASE="both", SLURM_NTASKS=4, PARTITION_DIR="/shared/shards", GRID="2x2",
                ALGO="2d")
     assert both[0][:3] == ["srun", "--nodes=1", "--ntasks=1"]
-    assert "gnnpar.partition_cli" in both[0] and "--parts 4" in " ".join(both[0])
+    assert "gnnpar.cli.partition_cli" in both[0] and "--parts 4" in " ".join(both[0])
     assert "--grid 2x2" in " ".join(both[0])
     assert "--partition-dir /shared/shards" in " ".join(both[1])
     res = subprocess.run(["bash", os.path.join(ROOT, "scripts/slurm/partition_then_train.sbatch")],
@@ -99,7 +99,7 @@ def test_run_local_dry_run_modes(tmp_path):
         (cmd,) = dry(RUN_LOCAL, tmp_path, MODE=mode, NPROCS=3)
         assert cmd[:len(head)] == head, (mode, cmd)
     part, train = dry(RUN_LOCAL, tmp_path, MODE="pipeline", NPROCS=3)
-    assert "gnnpar.partition_cli" in part and "--partition-dir" in train
+    assert "gnnpar.cli.partition_cli" in part and "--partition-dir" in train
     res = subprocess.run(["bash", RUN_LOCAL], env=clean_env(MODE="x"), capture_output=True,
                          text=True)
     assert res.returncode == 2 and "unknown MODE" in res.stderr

@@ -19,7 +19,7 @@ from gnnpar.datasets import InputError
 from gnnpar.datasets.owned import LOCK_NAME
 from gnnpar.partitioners import load_shard, read_meta
 from gnnpar.partitioners.shard_folder import shard_writer
-from gnnpar.spec import RunSpec
+from gnnpar.cli.spec import RunSpec
 
 from .cli_util import ROOT
 
@@ -37,7 +37,8 @@ def _worker(jobs, results):
     """Run jobs (kind, out, delay) until None: ``partition`` is gnnpar-partition in-process
     (exit code and last stderr line back); ``train`` is a trainer's prepare_shards (the run id
     of the shards it ended up with back)."""
-    from gnnpar import partition_cli, shard_source
+    from gnnpar.cli import partition_cli
+    from gnnpar.training import shard_source
     from gnnpar.partitioners import read_meta as meta_of
     for kind, out, delay in iter(jobs.get, None):
         time.sleep(delay)
@@ -111,7 +112,7 @@ def test_two_trainers_filling_one_partition_dir_write_it_once(workers, tmp_path)
 
 
 def test_a_trainer_waits_for_the_writer_and_uses_its_shards(tmp_path):
-    from gnnpar import shard_source
+    from gnnpar.training import shard_source
     from gnnpar.datasets import load_dataset
     from gnnpar.partitioners import partition_graph, write_shards
     out = str(tmp_path / "p")
@@ -131,7 +132,7 @@ def test_a_trainer_waits_for_the_writer_and_uses_its_shards(tmp_path):
 def test_partition_cli_names_the_holder_and_exits_2(tmp_path):
     out = tmp_path / "s"
     with shard_writer(str(out), "--out"):
-        res = subprocess.run([sys.executable, "-m", "gnnpar.partition_cli", *PARTITION,
+        res = subprocess.run([sys.executable, "-m", "gnnpar.cli.partition_cli", *PARTITION,
                               "--out", str(out)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
                              capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stderr

@@ -24,7 +24,7 @@ OTHER = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02,seed=1"
 
 def partition_cli(*args, env=None):
     env = {**os.environ, "PYTHONPATH": ROOT, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "gnnpar.partition_cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "gnnpar.cli.partition_cli", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -203,12 +203,12 @@ def test_train_partition_dir_with_user_files_exits_2(tmp_path):
 
 # ------------------------------------------------------------------ item 4: --dataset vs shards
 def _args(**kw):
-    from gnnpar.spec import RunSpec
+    from gnnpar.cli.spec import RunSpec
     return RunSpec(**kw)
 
 
 def test_partition_dir_must_hold_the_given_dataset(shards, monkeypatch):
-    from gnnpar import shard_source
+    from gnnpar.training import shard_source
     meta = read_meta(shards)
     assert meta["source"]["spec"] == SPEC
     loads = []
@@ -379,13 +379,13 @@ def test_bad_input_nprocs_run_leaves_nothing_in_tmpdir(tmp_path, bad, needle):
 
 def test_prepare_shards_removes_its_temporary_folder_on_any_failure(tmp_path, monkeypatch):
     import tempfile
-    from gnnpar import shard_source
+    from gnnpar.training import shard_source
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("gnnpar.shard_source.write_shards", interrupted)
+    monkeypatch.setattr("gnnpar.training.shard_source.write_shards", interrupted)
     args = _args(dataset=SPEC, quiet=True, partitioner="block", seed=0)
     with pytest.raises(KeyboardInterrupt):
         shard_source.prepare_shards(args, 2)
@@ -396,15 +396,15 @@ def test_temporary_shards_of_a_killed_run_are_removed_by_the_next(tmp_path, monk
     """A SIGKILLed --nprocs parent cannot remove its temporary shards; the next run does (its
     owner file names a process that is gone), and keeps a live process's folder."""
     import tempfile
-    from gnnpar import shard_source
+    from gnnpar.training import shard_source
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    code = ("import os, signal\nfrom gnnpar.scratch import make_scratch_dir\n"
+    code = ("import os, signal\nfrom gnnpar.launcher.scratch import make_scratch_dir\n"
             "os.makedirs(os.path.join(make_scratch_dir('gnnpar-shards-'), 'shards', 'part-00000'))\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
     subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
     [dead] = os.listdir(tmp_path)
-    from gnnpar.scratch import make_scratch_dir
+    from gnnpar.launcher.scratch import make_scratch_dir
     live = os.path.basename(make_scratch_dir("gnnpar-shards-"))
     args = _args(dataset=SPEC, quiet=True, partitioner="block", seed=0)
     source, temporary = shard_source.prepare_shards(args, 2)

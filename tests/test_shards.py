@@ -251,7 +251,7 @@ def test_bad_norm_and_partition_mismatch(tmp_path):
 # ------------------------------------------------------------------ CLI
 def cli(*args, cwd=ROOT):
     env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.run([sys.executable, "-m", "gnnpar.partition_cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "gnnpar.cli.partition_cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

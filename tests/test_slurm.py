@@ -1,10 +1,10 @@
 """The SLURM templates run for real on a one-node cluster (tests/slurm_fixture.py).
 
 - cpu_cluster.sbatch, 2 srun tasks running tests/rank_probe.py: each task finds its rank,
-  the world and the master through gnnpar.bootstrap's SLURM path, then a gloo all-reduce and
+  the world and the master through gnnpar.launcher.bootstrap's SLURM path, then a gloo all-reduce and
   a 1D SpMM checked against serial;
 - cpu_cluster.sbatch with the real trainer (`srun python -m gnnpar.train --algo 1d-halo`),
-  once gnnpar-train reads its world through gnnpar.bootstrap;
+  once gnnpar-train reads its world through gnnpar.launcher.bootstrap;
 - single_node_gpu.sbatch on CPU (torchrun, 2 ranks, gloo): the real trainer's JSON log.
 """
 import json
@@ -12,7 +12,7 @@ import os
 import sys
 
 
-from gnnpar.bootstrap import slurm_port
+from gnnpar.launcher.bootstrap import slurm_port
 
 from .slurm_fixture import slurm_cluster  # noqa: F401  (the fixture)
 

@@ -1,14 +1,14 @@
 """A world of local ranks starts its work only once every rank has joined the process group
-(``gnnpar.rank_join``): a rank that could not join leaves every rank failing with kind
+(``gnnpar.launcher.rank_join``): a rank that could not join leaves every rank failing with kind
 ``"join"`` before any work ran, and ``spawn`` starts such a world once more."""
 import os
 
 import pytest
 import torch.distributed as dist
 
-from gnnpar import rank_join
-from gnnpar.rank_watch import RankFailure, SpawnError
-from gnnpar.spawn import JOIN_TRIES, retry_unjoined, spawn
+from gnnpar.launcher import rank_join
+from gnnpar.launcher.rank_watch import RankFailure, SpawnError
+from gnnpar.launcher.spawn import JOIN_TRIES, retry_unjoined, spawn
 
 
 # ---------------------------------------------------------------- rank bodies (spawned)

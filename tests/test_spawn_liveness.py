@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gnnpar.spawn import SpawnError, spawn
-from gnnpar.watchdog import on_sigterm
+from gnnpar.launcher.spawn import SpawnError, spawn
+from gnnpar.launcher.watchdog import on_sigterm
 
 from .cli_util import ROOT
 
@@ -107,7 +107,7 @@ def test_a_healthy_run_longer_than_the_timeout_is_not_cut_short():
 # ---------------------------------------------------------------- SIGTERM while ranks start
 DRIVER = r"""
 import json, os, random, signal, sys, threading
-from gnnpar.spawn import SpawnError, spawn
+from gnnpar.launcher.spawn import SpawnError, spawn
 from tests.test_spawn_liveness import preemptible
 
 class Preempted(Exception):

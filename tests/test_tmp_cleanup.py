@@ -1,4 +1,4 @@
-"""gnnpar.spawn leaves nothing in $TMPDIR: its rendezvous folder ``gnnpar-rdzv-<pid>-*`` is
+"""gnnpar.launcher.spawn leaves nothing in $TMPDIR: its rendezvous folder ``gnnpar-rdzv-<pid>-*`` is
 removed when a rank is SIGKILLed and when the parent gets SIGTERM or SIGINT; the folder of a
 parent that was itself SIGKILLed is removed by the next spawn, while a live parent's folder and
 anything not provably gnnpar's are kept."""
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from gnnpar.rank_start import SERVER_PREFIX
-from gnnpar.scratch import OWNER_FILE
-from gnnpar.spawn import SpawnError, make_rdzv_dir, spawn
+from gnnpar.launcher.rank_start import SERVER_PREFIX
+from gnnpar.launcher.scratch import OWNER_FILE
+from gnnpar.launcher.spawn import SpawnError, make_rdzv_dir, spawn
 
 from .cli_util import ROOT
 from .dist_cases import fail_mid_epoch
@@ -57,7 +57,7 @@ def start_parent(tmp, ready, nprocs=2):
     # Python's Ctrl-C, as a user's foreground run has it
     code = ("import signal, sys\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from gnnpar.spawn import spawn\n"
+            "from gnnpar.launcher.spawn import spawn\n"
             "from tests.test_tmp_cleanup import sleeper\n"
             f"spawn(sleeper, {nprocs}, args=({str(ready)!r}, 120), timeout_s=60)\n")
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
@@ -107,7 +107,7 @@ def test_next_spawn_removes_the_folder_of_a_sigkilled_parent_only(tmpdir_env, tm
     assert stale.is_dir()  # nothing could run in the parent: it is left behind
 
     # A live owner's folder, made the way spawn makes it, in a process that stays up.
-    code = ("import sys, time\nfrom gnnpar.spawn import make_rdzv_dir\n"
+    code = ("import sys, time\nfrom gnnpar.launcher.spawn import make_rdzv_dir\n"
             "print(make_rdzv_dir(), flush=True)\ntime.sleep(120)\n")
     live_owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                   text=True, env={**os.environ, "PYTHONPATH": ROOT})
@@ -153,7 +153,7 @@ def test_a_reused_pid_does_not_keep_a_folder_alive(tmpdir_env):
     owner["start"] = str(int(owner["start"]) - 1)  # "our" pid, but an earlier process
     with open(os.path.join(folder, OWNER_FILE), "w") as fh:
         json.dump(owner, fh)
-    from gnnpar.spawn import remove_stale_rdzv_dirs
+    from gnnpar.launcher.spawn import remove_stale_rdzv_dirs
     assert remove_stale_rdzv_dirs() == []  # our own pid is skipped outright
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 CHECK = r'''
 import torch
-from gnnpar import dropout as D
+from gnnpar.nn import dropout as D
 from gnnpar.kernels import cpu_dropout, triton_epilogue as te
 
 torch.manual_seed(0)
@@ -46,7 +46,7 @@ for n, f in ((37, 13), (5, 4), (1, 1), (3, 1), (64, 256), (0, 8)):
             assert torch.allclose(ob.float(), torch.where(keep & (vb > 0), vb * scale, 0.0),
                                   rtol=8e-3, atol=0)
 
-# non-finite values: both passes select (gnnpar.dropout's rule), forward and backward, the
+# non-finite values: both passes select (gnnpar.nn.dropout's rule), forward and backward, the
 # GPU one with a bias too: torch.where(keep & ~(v <= 0), v·scale, 0) and its gradient
 nan, inf = float("nan"), float("inf")
 special = torch.tensor([nan, -inf, inf, -1.0, -0.0, 0.0, 2.0, 1e-30]).repeat(60).view(60, 8)
@@ -73,7 +73,7 @@ for bias in (None, torch.tensor([0.0, 1.0, -inf, 3.0, 0.0, -2.0, -5.0, inf])):
             exact(cpu_dropout.masked_scale(g, cpu if relu else g, seed, units, scale, relu),
                   vr.grad)
 
-# through autograd (gnnpar.dropout's GPU path, forced onto CPU tensors here): the gradients
+# through autograd (gnnpar.nn.dropout's GPU path, forced onto CPU tensors here): the gradients
 # of z and of the bias are those of torch's ops under the same mask
 te.usable = lambda x: x.dtype in te.DTYPES
 for relu in (True, False):
@@ -99,9 +99,9 @@ for relu in (True, False):
 # a whole run: the GPU path (forced onto CPU tensors) follows the CPU path's losses, GCN and
 # SAGE (whose layers hand their bias to the fused pass there)
 import numpy as np
-from gnnpar.models import GNN
-from gnnpar.serial import SerialRuntime
-from gnnpar.trainer import TrainConfig, fit
+from gnnpar.nn.models import GNN
+from gnnpar.training.serial import SerialRuntime
+from gnnpar.training.trainer import TrainConfig, fit
 from tests.graphs import random_graph
 g = random_graph(n=120, f=6, classes=3, seed=2)
 for kind in ("gcn", "sage"):
@@ -138,7 +138,7 @@ def test_cpu_tensors_never_take_the_gpu_pass():
 def test_bias_relu_dropout_on_cpu_is_bias_then_relu_dropout():
     """The CPU result of a hidden layer's end is what it was: the bias add, then the one
     compiled ReLU + dropout pass, with the same seed draw."""
-    from gnnpar.dropout import add_bias, bias_relu_dropout, relu_dropout
+    from gnnpar.nn.dropout import add_bias, bias_relu_dropout, relu_dropout
     z, b = torch.randn(30, 10), torch.randn(10)
     torch.manual_seed(5)
     a = bias_relu_dropout(z, b, 0.5)

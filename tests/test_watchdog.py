@@ -1,4 +1,4 @@
-"""gnnpar.watchdog: SIGKILL of one rank mid-loop makes every other rank exit non-zero within
+"""gnnpar.launcher.watchdog: SIGKILL of one rank mid-loop makes every other rank exit non-zero within
 timeout + 30 s naming the lost rank and its phase, with no process left; a hung rank is named;
 a clean finish raises no alarm (not even when a rank stops while its last "run" beat is in
 flight, or when its peers finished long before the store's owner); SIGTERM on one rank
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from gnnpar.bootstrap import free_port
-from gnnpar.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog,
+from gnnpar.launcher.bootstrap import free_port
+from gnnpar.launcher.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog,
                              on_sigterm)
 
 from .cli_util import ROOT
@@ -126,7 +126,7 @@ def test_sigterm_on_one_rank_checkpoints_everywhere_then_exits_143(tmp_path):
 
 def test_immediate_sigterm_hook_runs_callback_and_exits():
     code = ("import os, signal, sys, time; sys.path.insert(0, %r)\n"
-            "from gnnpar.watchdog import on_sigterm\n"
+            "from gnnpar.launcher.watchdog import on_sigterm\n"
             "on_sigterm(lambda: print('saved', flush=True), deferred=False)\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
             "time.sleep(30); print('not reached')\n") % ROOT
@@ -266,7 +266,7 @@ def test_die_with_parent_takes_the_child_down():
     if not sys.platform.startswith("linux"):
         pytest.skip("prctl(PR_SET_PDEATHSIG) is Linux-only")
     child = ("import sys, time; sys.path.insert(0, %r)\n"
-             "from gnnpar.watchdog import die_with_parent\n"
+             "from gnnpar.launcher.watchdog import die_with_parent\n"
              "assert die_with_parent(); print('armed', flush=True); time.sleep(60)\n") % ROOT
     parent = ("import subprocess, sys, time\n"
               "c = subprocess.Popen([sys.executable, '-c', %r], stdout=subprocess.PIPE, text=True)\n"

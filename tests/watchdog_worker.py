@@ -1,4 +1,4 @@
-"""One rank of the watchdog tests: a loop of small all-reduces under gnnpar.watchdog.
+"""One rank of the watchdog tests: a loop of small all-reduces under gnnpar.launcher.watchdog.
 
     python tests/watchdog_worker.py RANK WORLD INIT_METHOD DIR MODE [TIMEOUT]
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gnnpar.watchdog import Watchdog, on_sigterm  # noqa: E402
+from gnnpar.launcher.watchdog import Watchdog, on_sigterm  # noqa: E402
 
 
 class BeatInFlight:
@@ -31,7 +31,7 @@ class BeatInFlight:
     landed after the "done" beat, so the finished rank looked silent and was reported lost."""
 
     def __init__(self, store, key):
-        self.underlying_store = store  # gnnpar.watchdog finds the TCPStore's owner through it
+        self.underlying_store = store  # gnnpar.launcher.watchdog finds the TCPStore's owner through it
         self.key = key
         self.armed, self.in_flight, self.done_landed = (threading.Event() for _ in range(3))
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gnnpar.custom_model import load_factory
+from gnnpar.nn.custom_model import load_factory
 from gnnpar.datasets import InputError
 
 
@@ -47,7 +47,7 @@ def build_decoder(name: str, width: int) -> nn.Module:
     """``--decoder``: ``dot``, ``mlp``, or a user's ``package.module:factory`` — called as
     ``factory(width)`` (the embeddings' width), returning a ``torch.nn.Module`` whose
     ``forward(z_u, z_v)`` gives one logit a pair; imported as ``--model`` factories are
-    (:mod:`gnnpar.custom_model`)."""
+    (:mod:`gnnpar.nn.custom_model`)."""
     if name == "dot":
         return DotDecoder()
     if name == "mlp":

@@ -22,15 +22,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from gnnpar.epochs import run_epochs
+from gnnpar.training.epochs import run_epochs
 from gnnpar.interfaces import LayerOps
-from gnnpar.precision import autocast, matmuls
-from gnnpar.trainer import TrainConfig, costed_record, make_optimizer
+from gnnpar.nn.precision import autocast, matmuls
+from gnnpar.training.trainer import TrainConfig, costed_record, make_optimizer
 
-from .decoders import summed_link_loss
-from .metrics import HITS, auc, hits_at, reciprocal_ranks
-from .negatives import check_ratio, negatives
-from .split import LinkSplit
+from gnnpar.link.decoders import summed_link_loss
+from gnnpar.link.metrics import HITS, auc, hits_at, reciprocal_ranks
+from gnnpar.link.negatives import check_ratio, negatives
+from gnnpar.link.split import LinkSplit
 
 
 class LocalPairs:
@@ -149,8 +149,8 @@ def fit_link(encoder, decoder, runtime, split: LinkSplit, cfg: TrainConfig, num_
              opt=None, memory=None):
     """Train ``encoder`` and ``decoder`` on ``runtime`` (the training graph's rows); one
     record an epoch (loss, the metrics, and the node trainer's time, traffic and memory
-    fields: :func:`gnnpar.trainer.costed_record`) from the loop every trainer shares
-    (:func:`gnnpar.epochs.run_epochs`: it stops after an epoch whose loss is not finite).
+    fields: :func:`gnnpar.training.trainer.costed_record`) from the loop every trainer shares
+    (:func:`gnnpar.training.epochs.run_epochs`: it stops after an epoch whose loss is not finite).
     ``pairs_source``: None on one process, a :class:`~gnnpar.link.exchange.PairExchange` on
     several."""
     check_ratio(neg_ratio)

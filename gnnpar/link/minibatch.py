@@ -8,7 +8,7 @@ prefetches their blocks as it does a node batch's (:mod:`gnnpar.sampling.service
 encoder's output rows are those nodes in id order, and each pair's endpoints are picked
 from them. The loss of a step is the summed binary cross-entropy of its pairs over the
 step's pair count on every rank, so the gradients summed over the ranks are those of the
-mean over all ranks' pairs of that step (as :mod:`gnnpar.sampling.loop` does for nodes).
+mean over all ranks' pairs of that step (as :mod:`gnnpar.training.minibatch_loop` does for nodes).
 
 Rank ``r`` of ``W`` trains on the positives whose index is ``r`` modulo ``W``; its plan
 shuffles them per epoch and splits them into the same number of steps as every other rank
@@ -29,13 +29,13 @@ import torch
 
 from gnnpar.interfaces import LayerOps
 from gnnpar.kernels.bipartite import member_rows
-from gnnpar.precision import autocast, matmuls
+from gnnpar.nn.precision import autocast, matmuls
 from gnnpar.sampling.seeds import EpochPlan
 
-from .decoders import summed_link_loss
-from .exchange import PairExchange
-from .loop import evaluate_link
-from .negatives import negatives
+from gnnpar.link.decoders import summed_link_loss
+from gnnpar.link.exchange import PairExchange
+from gnnpar.link.loop import evaluate_link
+from gnnpar.link.negatives import negatives
 
 Pairs = Tuple[np.ndarray, np.ndarray]  #: (positives (2, B), negatives (2, B·ratio))
 
@@ -149,7 +149,7 @@ def link_minibatch_step(encoder, decoder, opt, engine, batch, plan: LinkPlan,
 
 
 def link_minibatch_parts(encoder, decoder, split, pairs_source, precision: str = "fp32"):
-    """``(step, evaluate)`` for :func:`gnnpar.sampling.loop.fit_minibatch`: the link step
+    """``(step, evaluate)`` for :func:`gnnpar.training.minibatch_loop.fit_minibatch`: the link step
     above and the full-graph link evaluation on the run's evaluation runtime."""
     def step(opt, engine, batch, plan, _count):
         encoder.train()

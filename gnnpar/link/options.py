@@ -6,9 +6,9 @@ import argparse
 
 from gnnpar.datasets import InputError
 
-from .decoders import DECODERS, build_decoder
-from .negatives import MAX_RATIO, check_ratio
-from .split import DEFAULT_FRACTIONS, parse_fractions
+from gnnpar.link.decoders import DECODERS, build_decoder
+from gnnpar.link.negatives import MAX_RATIO, check_ratio
+from gnnpar.link.split import DEFAULT_FRACTIONS, parse_fractions
 
 TASKS = ("node", "link")
 DEFAULT_SPLIT = ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS)

@@ -29,14 +29,14 @@ Graph structure: replicated on every rank (:mod:`.topology`) or partitioned
 other rows asked of their owners once per layer); both draw exactly the same blocks. Their
 memory per rank is in those modules' docstrings.
 """
-from .blocks import Block, MiniBatch, Relabeler
-from .bulk import BulkSampler
-from .features import FeatureStore
-from .neighbor import NeighborSampler, SamplerConfig, batch_rng, parse_fanouts
-from .partitioned import PartitionedTopology
-from .seeds import EpochPlan
-from .service import MacrobatchService, ReadyBatch, SamplingStats, ServiceConfig
-from .topology import Topology, gather_topology
+from gnnpar.sampling.blocks import Block, MiniBatch, Relabeler
+from gnnpar.sampling.bulk import BulkSampler
+from gnnpar.sampling.features import FeatureStore
+from gnnpar.sampling.neighbor import NeighborSampler, SamplerConfig, batch_rng, parse_fanouts
+from gnnpar.sampling.partitioned import PartitionedTopology
+from gnnpar.sampling.seeds import EpochPlan
+from gnnpar.sampling.service import MacrobatchService, ReadyBatch, SamplingStats, ServiceConfig
+from gnnpar.sampling.topology import Topology, gather_topology
 
 __all__ = ["Block", "MiniBatch", "Relabeler", "BulkSampler", "FeatureStore", "NeighborSampler",
            "SamplerConfig", "batch_rng", "parse_fanouts", "PartitionedTopology", "EpochPlan",

@@ -2,7 +2,7 @@
 
 A :class:`Block` is one layer's sampled Â: an ``n_dst × n_src`` CSR matrix whose source
 nodes start with its destination nodes (``src_ids[:n_dst] == dst_ids``, the convention of
-``gnnpar.kernels.local.SparseOperator`` and ``gnnpar.models``). Its operator
+``gnnpar.kernels.local.SparseOperator`` and ``gnnpar.nn.models``). Its operator
 (:meth:`Block.operator`, :func:`block_operators`) is a :class:`BlockOperator`: a
 SparseOperator whose Âᵀ comes from a compiled counting sort and may be deferred until a
 backward pass needs it (the input block's, usually never). A :class:`MiniBatch` holds one
@@ -30,8 +30,8 @@ from gnnpar.kernels.csr_transpose import transpose_csr
 from gnnpar.kernels.edge_ops import distinct_edges
 from gnnpar.kernels.local import SparseOperator, csr_tensor
 
-from . import fast
-from .topology import index_dtype
+from gnnpar.sampling import fast
+from gnnpar.sampling.topology import index_dtype
 
 
 @dataclass

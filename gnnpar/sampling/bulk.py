@@ -27,9 +27,9 @@ from typing import List, Sequence
 
 import numpy as np
 
-from .blocks import Block, Relabeler, assemble_block
-from .choose import draw_count, keeps_distinct
-from .neighbor import SamplerConfig, check_seeds, sample_entries
+from gnnpar.sampling.blocks import Block, Relabeler, assemble_block
+from gnnpar.sampling.choose import draw_count, keeps_distinct
+from gnnpar.sampling.neighbor import SamplerConfig, check_seeds, sample_entries
 
 
 class BulkSampler:

@@ -25,9 +25,9 @@ import torch
 
 from gnnpar.datasets import InputError
 
-from .blocks import Block
-from .choose import keeps_distinct
-from .neighbor import SamplerConfig
+from gnnpar.sampling.blocks import Block
+from gnnpar.sampling.choose import keeps_distinct
+from gnnpar.sampling.neighbor import SamplerConfig
 
 
 class TorchTopology:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .neighbor import batch_rng
+from gnnpar.sampling.neighbor import batch_rng
 
 _MASK16, _MASK32, _MASK64 = 0xFFFF, 0xFFFFFFFF, 2 ** 64 - 1
 #: SplitMix64's increment (2⁶⁴/φ, odd) and its finaliser's multipliers (Stafford's mix13)

@@ -38,8 +38,8 @@ import torch
 
 from gnnpar.kernels.local import as_tensor
 
-from .row_gather import compiled_for, gather_groups, gather_rows, new_rows
-from .topology import index_dtype
+from gnnpar.sampling.row_gather import compiled_for, gather_groups, gather_rows, new_rows
+from gnnpar.sampling.topology import index_dtype
 
 
 @dataclass

@@ -45,9 +45,9 @@ from gnnpar.kernels.comm import WIRE_DTYPES, Comm
 from gnnpar.kernels.comm_timing import timing_name
 from gnnpar.kernels.grid import parse_grid
 
-from .blocks import Block
-from .loop import DataParallel
-from .service import MacrobatchService, ReadyBatch
+from gnnpar.sampling.blocks import Block
+from gnnpar.training.minibatch_loop import DataParallel
+from gnnpar.sampling.service import MacrobatchService, ReadyBatch
 
 
 @dataclass

@@ -31,9 +31,9 @@ import numpy as np
 
 from gnnpar.datasets import InputError
 
-from . import fast
-from .blocks import Block, Relabeler, assemble_block
-from .choose import choose_entries, choose_positions, draw_count, keeps_distinct
+from gnnpar.sampling import fast
+from gnnpar.sampling.blocks import Block, Relabeler, assemble_block
+from gnnpar.sampling.choose import choose_entries, choose_positions, draw_count, keeps_distinct
 
 
 def batch_rng(seed: int, epoch: int, stream: int, step: int) -> np.random.Generator:
@@ -45,7 +45,7 @@ def batch_rng(seed: int, epoch: int, stream: int, step: int) -> np.random.Genera
 
 
 def input_dropout_seed(seed: int, epoch: int, stream: int, step: int) -> int:
-    """The seed of one minibatch's input-feature dropout mask (:mod:`gnnpar.dropout`'s hash
+    """The seed of one minibatch's input-feature dropout mask (:mod:`gnnpar.nn.dropout`'s hash
     mask), in [0, 2⁶²) as the ones a model draws: like :func:`batch_rng`, a function of
     (seed, epoch, stream, step) only, from a seed sequence of its own (a fifth word), so it
     does not repeat the sampler's draws and a resumed run draws it again alike."""

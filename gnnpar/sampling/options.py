@@ -7,7 +7,7 @@ from gnnpar.datasets import InputError
 from gnnpar.kernels.algorithms import get_grouped, group_names
 from gnnpar.kernels.grid import parse_grid
 
-from .neighbor import parse_fanouts
+from gnnpar.sampling.neighbor import parse_fanouts
 
 MODES = ("fullbatch", "minibatch")
 #: ``--macrobatch`` where the host samples and the flag is not given. Sampling 4 minibatches

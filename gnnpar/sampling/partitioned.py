@@ -34,7 +34,7 @@ from gnnpar.datasets import InputError
 from gnnpar.kernels.dist_op import shard_values
 from gnnpar.kernels.local import as_tensor
 
-from .topology import _check_kinds, index_dtype
+from gnnpar.sampling.topology import _check_kinds, index_dtype
 
 
 class PartitionedTopology:

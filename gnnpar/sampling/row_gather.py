@@ -49,12 +49,12 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 
-from gnnpar.dropout import mask_units
+from gnnpar.nn.dropout import mask_units
 from gnnpar.kernels import cpu_dropout
 from gnnpar.kernels.jit import compile_module
 
-from . import fast
-from .output_pool import OutputPool, new_rows, pooled_outputs  # noqa: F401 - re-exported
+from gnnpar.sampling import fast
+from gnnpar.sampling.output_pool import OutputPool, new_rows, pooled_outputs  # noqa: F401 - re-exported
 
 #: rows prefetched ahead of the one being copied
 DISTANCE = 4
@@ -109,7 +109,7 @@ def gather_groups(src: torch.Tensor, id_lists: Sequence[np.ndarray],
     memory once and then from the cache, and the table is read front to back.
 
     ``drop``: ``(seeds, p)``, one seed per list: each output under inverted dropout with
-    the hash mask of its seed (:func:`gnnpar.dropout.dropout`'s mask and select for that
+    the hash mask of its seed (:func:`gnnpar.nn.dropout.dropout`'s mask and select for that
     seed, bit for bit), applied as the rows are copied — no pass of its own. Only where
     the compiled copy runs (:func:`compiled_for`); ValueError elsewhere."""
     if drop is not None:

@@ -54,7 +54,7 @@ tasks go in groups of W, and a group starts only when the trainer asks for its f
 blocks; the W workers then sample the group's W macrobatches at once, one per core, at normal
 priority, and the trainer steps through them with no sampler running. The trainer waits for
 every group (``stall_s`` counts it), but for the workers' CPU time divided by W, not all of
-it. :func:`gnnpar.sampling.setup.serial_parts` picks it for a one-process CPU run whose
+it. :func:`gnnpar.training.minibatch_setup.serial_parts` picks it for a one-process CPU run whose
 trainer has every core (``docs/performance.md`` has the measurement).
 
 On a GPU (``--device cuda``) the same workers feed the device without stopping it: with
@@ -79,13 +79,13 @@ import torch
 
 from gnnpar.datasets import InputError
 
-from .blocks import Block, Relabeler, block_operators
-from .bulk import BulkSampler
-from .device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
-from .draws import DRAWS
-from .neighbor import NeighborSampler, SamplerConfig, batch_rng, input_dropout_seed
-from .seeds import EpochPlan
-from .staging import Stager, concrete_device, take
+from gnnpar.sampling.blocks import Block, Relabeler, block_operators
+from gnnpar.sampling.bulk import BulkSampler
+from gnnpar.sampling.device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
+from gnnpar.sampling.draws import DRAWS
+from gnnpar.sampling.neighbor import NeighborSampler, SamplerConfig, batch_rng, input_dropout_seed
+from gnnpar.sampling.seeds import EpochPlan
+from gnnpar.sampling.staging import Stager, concrete_device, take
 
 #: where a macrobatch is sampled: numpy on the host, or torch on the training device
 SAMPLER_SITES = ("host", "device")
@@ -106,7 +106,7 @@ class ServiceConfig:
     (default 19, the lowest; 0 leaves it as the trainer's; Linux only, see the module
     docstring); input_dropout: drop probability applied to each minibatch's input features
     as they are copied (0: none; only where the compiled copy serves them, else the model
-    drops them; set for :class:`gnnpar.models.GNN` only, which skips its own input
+    drops them; set for :class:`gnnpar.nn.models.GNN` only, which skips its own input
     dropout then); burst: the workers sample groups of ``workers`` macrobatches only while
     the trainer waits for one (module docstring), at the trainer's priority (``nice``
     unused); prefetch must then be at least ``workers``, so a group is sampled at once."""
