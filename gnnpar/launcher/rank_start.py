@@ -18,7 +18,9 @@ and how each is made the caller's:
   :func:`caller_state` records the caller's at each call and :func:`adopt` installs them in
   the rank before anything else runs. Settings that a module reads when it is *imported* are
   the exception: modules in :data:`PRELOAD` read them when the server started (torch's
-  ``OMP_NUM_THREADS`` is overridden per rank anyway by ``threads``);
+  ``OMP_NUM_THREADS`` is overridden per rank anyway by ``threads``, and numba's
+  ``NUMBA_NUM_THREADS`` by :func:`gnnpar.kernels.cpu_spmm.size_pool`, which sets the pool's
+  size in an imported numba whose pool has not started);
 - **SIGTERM**: a SIGTERM to the whole process group (a scheduler's preemption, ``kill`` of
   the group) reaches the server too. Were it to die of it, every rank (whose parent it is, so
   whose death signal it triggers, :func:`gnnpar.launcher.watchdog.die_with_parent`) would be killed
@@ -52,8 +54,10 @@ from typing import Dict
 from gnnpar.launcher.scratch import make_scratch_dir, remove_stale_scratch_dirs
 
 #: imported once by the fork server; ``__main__``: the launching script, as ``spawn`` would
-#: import it (a rank body defined there stays importable).
-PRELOAD = ("__main__", "torch", "torch._dynamo", "gnnpar.launcher.rank_start",
+#: import it (a rank body defined there stays importable); ``numba``, which ranks import for
+#: their kernels (a fifth of a second each), only imported: no kernel is loaded and its thread
+#: pool does not start until a rank's first parallel call
+PRELOAD = ("__main__", "torch", "torch._dynamo", "numba", "gnnpar.launcher.rank_start",
            "gnnpar.launcher.launch")
 SERVER_PREFIX = "gnnpar-forkserver-"
 
