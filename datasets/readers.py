@@ -22,8 +22,8 @@ import numpy as np
 
 from .csr_stream import csr_bytes
 from .errors import InputError
-from .file_stream import (BLOCK_BYTES, iter_csv_gz, iter_npz_edges, iter_npz_rows,
-                          load_npz_arrays, npz_headers, read_csv_gz)
+from .file_stream import (BLOCK_BYTES, iter_csv_gz, iter_npz_edges, iter_npz_rows, load_npz_arrays,
+                          npz_headers, read_csv_gz)
 from .graph import Graph
 from .ingest import MemoryWriter, checked_edges, feature_block_bytes, write_edges, write_features
 from .limits import check_memory, check_num_classes

@@ -46,8 +46,7 @@ from gnnpar.infer.inference import check_layerwise, embeddings_layer, forward_ro
 from gnnpar.launcher.launch import launch
 from gnnpar.link.scoring import read_pairs
 from gnnpar.cli.options import (_inputs, _overlaps, _shard_widths, add_data_args,
-                                add_distributed_args,
-                      parser_defaults)
+                                add_distributed_args, parser_defaults)
 from gnnpar.nn.precision import PRECISIONS
 from gnnpar.infer.predict_files import check_out
 from gnnpar.infer.prediction import LayerwiseRows, PredictJob, check_widths, predict_rank

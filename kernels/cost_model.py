@@ -78,8 +78,8 @@ from .blocks import layout_owner
 from .comm import WIRE_DTYPES
 from .cost_attention import estimated_moves, exact_moves
 from .cost_terms import (F32, Cost, Sizes, Structure, allreduce_bytes, coll, gat_heads, gat_kind,
-                         gat_z_width, layer_exchanges, no_padding, owned_rows_work,
-                         param_count, spmm_widths)
+                         gat_z_width, layer_exchanges, no_padding, owned_rows_work, param_count,
+                         spmm_widths)
 
 __all__ = ["Structure", "Machine", "spmm_widths", "param_count", "allreduce_bytes",
            "epoch_traffic", "estimate_traffic", "memory_bytes", "epoch_time", "candidates",

@@ -52,7 +52,7 @@ def rank_run(rank, world, spec, algo, grid_text, replication, partitioner, epoch
     model = GNN("gcn", int(shard.x.shape[1]), hidden, int(shard.num_classes), layers, 0.5)
     # the builder options gnnpar-train gives (3d/4d layers, the balanced 2d/3d/4d layout)
     settings = SimpleNamespace(layers=layers, variant=None, seed=seed, block_layout="balanced")
-    rt = DistRuntime(grid, shard, algo, "gcn", **algorithm(algo).options(settings))
+    rt = DistRuntime(grid, shard, algorithm(algo), "gcn", **algorithm(algo).options(settings))
     hist = fit(model, rt, TrainConfig(epochs=epochs, eval_every=10 ** 9))
     return {"hist": hist, "peak": local_peak_bytes()}
 

@@ -9,6 +9,7 @@ import copy
 import torch
 
 from gnnpar.training.distributed import EPOCH_PHASES, DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.nn.models import GNN
@@ -80,7 +81,7 @@ def equivalence_many(rank, world, cases, n, directed, method, kinds, grid_spec=N
                 curve = [r["loss"] for r in fit(m, rt_s, TrainConfig(epochs=3, lr=0.05))]
                 serial[kind] = (count, out_s, grads_s, curve)
             count, out_s, grads_s, curve_s = serial[kind]
-            rt = DistRuntime(grid, shard, algo, model.norm, device, **algo_kw)
+            rt = DistRuntime(grid, shard, algorithm(algo), model.norm, device, **algo_kw)
             ids = torch.as_tensor(rt.global_ids, device=device)
             rt.comm.reset()
             out_d, grads_d = _loss_and_grads(model, rt, count)
@@ -183,7 +184,7 @@ def gat_equivalence(rank, world, algo, n, directed, method, heads, dims=None, re
     out_s, grads_s = _loss_and_grads(m, rt_s, count)
     grads64_s = in_float64(m, rt_s)
     curve_s = [r["loss"] for r in fit(model(1), rt_s, TrainConfig(epochs=3, lr=0.05))]
-    rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algo, m.norm,
+    rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algorithm(algo), m.norm,
                      **(algo_kw or {}))
     ids = torch.as_tensor(rt.global_ids)
     rt.comm.reset()
@@ -205,7 +206,7 @@ def fail_mid_epoch(rank, world, victim, how):
     shard = build_shard(g, partition_graph(g, world, "block"), rank, norms=("gcn",))
     torch.manual_seed(0)
     model = GNN("gcn", 6, 8, 3, layers=2, dropout=0.0)
-    rt = DistRuntime(ProcessGrid.create({"row": world}), shard, "1d-halo", "gcn")
+    rt = DistRuntime(ProcessGrid.create({"row": world}), shard, algorithm("1d-halo"), "gcn")
 
     def on_epoch(rec):
         if rank == victim and rec["epoch"] == 1:
@@ -297,7 +298,7 @@ def compiled_equivalence(rank, world, cases, n, kinds, precisions, force=True):
             errs, dtypes = {}, {}
             for kind in kinds:
                 model, count, out_s, grads_s, curve_s = serial[kind, precision]
-                rt = DistRuntime(grid, shard, algo, model.norm, "cpu", **algo_kw)
+                rt = DistRuntime(grid, shard, algorithm(algo), model.norm, "cpu", **algo_kw)
                 out_d, grads_d = step(model, rt, count, precision)
                 ids = torch.as_tensor(rt.global_ids)
                 errs[f"{kind}/forward"] = rel_err(out_d.float(), out_s.float()[ids])

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.link.decoders import build_decoder
 from gnnpar.link.exchange import PairExchange
@@ -62,7 +63,7 @@ def link_all(rank: int, world: int) -> dict:
     for label, algo, dims, replication, kw in cases(world):
         grid = make_grid(algo, world, dims, replication)
         for kind, decoder in MODELS:
-            rt = DistRuntime(grid, shard, algo, models(kind, decoder)[0].norm, **kw)
+            rt = DistRuntime(grid, shard, algorithm(algo), models(kind, decoder)[0].norm, **kw)
             out[f"{label}-{kind}-{decoder}"] = run(rt, kind, decoder, PairExchange.of_runtime(rt, N))
     return out
 
@@ -79,7 +80,7 @@ def exchange_bytes(rank: int, world: int):
     train_g, split = data()
     shard = build_shard(train_g, partition_graph(train_g, world, "metis", seed=3), rank,
                         norms=("gcn",))
-    rt = DistRuntime(make_grid("1d-halo", world, None, 1), shard, "1d-halo", "gcn")
+    rt = DistRuntime(make_grid("1d-halo", world, None, 1), shard, algorithm("1d-halo"), "gcn")
     ex = PairExchange.of_runtime(rt, N)
     pairs = np.concatenate([split.train_pos, split.test_neg], axis=1)
     by_rank = [pairs[:, ex.owner[pairs[0]] == r] for r in range(world)]

@@ -15,6 +15,7 @@ import torch
 from gnnpar.datasets.reorder import reorder
 from gnnpar.training.distributed import DistRuntime
 from gnnpar.interfaces import LayerOps
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.nn.models import GNN
 from gnnpar.partitioners import partition_graph
@@ -75,7 +76,7 @@ def predict_all(rank: int, world: int, out_root: str) -> list:
         grid = make_grid(algo, world, dims, replication)
         for kind in KINDS:
             m = model(kind)
-            rt = DistRuntime(grid, shard, algo, m.norm, **kw)
+            rt = DistRuntime(grid, shard, algorithm(algo), m.norm, **kw)
             name = f"{label}-{kind}"
             job = PredictJob(None, os.path.join(out_root, name), embeddings=True)
             predict_rows(m, rt, shard, spec.evolve(algo=algo), job, rank, world, {})

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.cost_terms import Structure
@@ -70,7 +71,7 @@ def spmm_body(rank, world, cases):
     out = {}
     for label, algo, c, variant in cases:
         kw = {"variant": variant} if variant else {}
-        rt = DistRuntime(make_grid(algo, world, None, c), shard, algo, "gcn", **kw)
+        rt = DistRuntime(make_grid(algo, world, None, c), shard, algorithm(algo), "gcn", **kw)
         ids = torch.as_tensor(rt.global_ids)
         h = h_all[ids].clone().requires_grad_(True)
         rt.comm.reset()

@@ -16,6 +16,7 @@ import pytest
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.datasets.normalize import union_structure
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import get
 from gnnpar.kernels.blocks import nnz_balance
 from gnnpar.kernels.algorithms import make_grid
@@ -43,7 +44,7 @@ def nnz_body(rank, world, cases):
                         norms=("gcn",))
     out = {}
     for label, algo, dims, kw in cases:
-        rt = DistRuntime(make_grid(algo, world, dims, 1), shard, algo, "gcn", **kw)
+        rt = DistRuntime(make_grid(algo, world, dims, 1), shard, algorithm(algo), "gcn", **kw)
         ops = rt.op if isinstance(rt.op, list) else [rt.op]
         top, mean = nnz_balance(rt.comm, rt.op)
         out[label] = (top, mean, [o.local_nnz for o in ops[:3]])

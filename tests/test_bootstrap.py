@@ -11,7 +11,7 @@ import torch
 
 from gnnpar.launcher import bootstrap
 from gnnpar.launcher.bootstrap import (WorldInfo, detect_world, expand_hostlist, first_host,
-                              init_distributed, resolve_backend, shutdown, slurm_port)
+                                       init_distributed, resolve_backend, shutdown, slurm_port)
 from gnnpar.datasets import InputError
 
 from .cli_util import ROOT

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gnnpar.training.checkpoint import (MAGIC, CheckpointWarning, CorruptCheckpoint, agree_on_step,
-                               capture_rng, file_name, good_steps, list_steps, load_latest,
-                               load_step, rank_dir, restore_rng, save_checkpoint)
+                                        capture_rng, file_name, good_steps, list_steps, load_latest,
+                                        load_step, rank_dir, restore_rng, save_checkpoint)
 from gnnpar.datasets import InputError
 from gnnpar.launcher.spawn import spawn
 

@@ -15,7 +15,7 @@ import torch
 
 import gnnpar.training.shard_source
 from gnnpar.training.checkpoint import (MAGIC, CheckpointWarning, file_name, list_steps, rank_dir,
-                               read_verified, save_checkpoint)
+                                        read_verified, save_checkpoint)
 from gnnpar.cli.cli_common import run_cli
 from gnnpar.datasets import InputError
 from gnnpar.train import main

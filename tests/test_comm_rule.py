@@ -22,8 +22,8 @@ import torch.distributed as dist
 from gnnpar.training.rank import run_rank
 from gnnpar.training.shard_source import ShardSource
 from gnnpar.cli.spec import RunSpec
-from gnnpar.kernels.comm import (AUDIT_ENV, DIST_CALLS, Comm, CommDeviceError,
-                                 control_all_reduce, device_routes, process_group_backend)
+from gnnpar.kernels.comm import (AUDIT_ENV, DIST_CALLS, Comm, CommDeviceError, control_all_reduce,
+                                 device_routes, process_group_backend)
 from gnnpar.kernels.grid import ProcessGrid
 from gnnpar.cli.options import build_parser
 from gnnpar.launcher.spawn import SpawnError, spawn

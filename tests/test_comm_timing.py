@@ -14,6 +14,7 @@ import time
 import torch
 
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import Comm, control_all_reduce
 from gnnpar.kernels.grid import ProcessGrid
@@ -79,7 +80,7 @@ def fit_body(rank, world, device="cpu"):
     shard = build_shard(g, partition_graph(g, world, "random", seed=1), rank, norms=("gcn",))
     torch.manual_seed(0)
     model = GNN("gcn", 6, 8, 3, layers=2, dropout=0.0).to(device)
-    rt = DistRuntime(make_grid("1d-halo", world), shard, "1d-halo", model.norm, device)
+    rt = DistRuntime(make_grid("1d-halo", world), shard, algorithm("1d-halo"), model.norm, device)
     return fit(model, rt, TrainConfig(epochs=2))
 
 

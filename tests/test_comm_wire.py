@@ -17,6 +17,7 @@ import torch
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.comm import WIRE_DTYPES, Comm
 from gnnpar.kernels.grid import ProcessGrid
@@ -69,8 +70,8 @@ def wire_body(rank, world):
     res = {}
     for label, algo, dims, replication, kw in CASES[world]:
         for name in ("fp32", "bf16", "fp16"):
-            rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algo,
-                             model.norm, "cpu", WIRE_DTYPES[name], **kw)
+            rt = DistRuntime(make_grid(algo, world, dims, replication), shard,
+                             algorithm(algo), model.norm, "cpu", WIRE_DTYPES[name], **kw)
             rt.comm.reset()
             relu_on = []  # the run's ReLU pattern: which hidden pre-activations are positive
             hooks = [layer.register_forward_hook(lambda mod, args, z: relu_on.append(
@@ -282,8 +283,8 @@ def accuracy_body(rank, world):
         torch.manual_seed(0)
         model = GNN("gcn", g.num_features, 64, g.num_classes, layers=2, dropout=0.5)
         torch.manual_seed(rank + 1)
-        rt = DistRuntime(make_grid("1.5d", world, None, 2), shard, "1.5d", model.norm, "cpu",
-                         WIRE_DTYPES[name], variant="halo")
+        rt = DistRuntime(make_grid("1.5d", world, None, 2), shard, algorithm("1.5d"), model.norm,
+                         "cpu", WIRE_DTYPES[name], variant="halo")
         acc[name] = fit(model, rt, TrainConfig(epochs=100))[-1]["test_acc"]
     return acc
 

@@ -83,7 +83,7 @@ def epoch_counts(rank, world, method, runs):
         if (algo, dims, variant) not in built:
             spec = settings(variant, "fp32")
             built = {(algo, dims, variant): DistRuntime(
-                make_grid(algo, world, *grid_args(algo, dims)), shard, algo, "gcn", "cpu",
+                make_grid(algo, world, *grid_args(algo, dims)), shard, get(algo), "gcn", "cpu",
                 None, **get(algo).options(spec))}
         rt = built[algo, dims, variant]
         rt.comm.wire_dtype = WIRE_DTYPES[dtype]

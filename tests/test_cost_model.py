@@ -7,6 +7,7 @@ import torch
 
 from gnnpar.datasets import InputError
 from gnnpar.training.distributed import EPOCH_PHASES, DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import ALGORITHMS, cost_names, get, make_grid
 from gnnpar.kernels.comm import Comm
 from gnnpar.kernels.cost_model import (Machine, Structure, epoch_traffic, epoch_work,
@@ -192,7 +193,7 @@ def padded_counts(rank, world, cases, n):
     shard = build_shard(g, partition_graph(g, world, "random", seed=1), rank, norms=("gcn",))
     out = {}
     for label, algo, dims, replication, kw in cases:
-        rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algo, "gcn", **kw)
+        rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algorithm(algo), "gcn", **kw)
         torch.manual_seed(0)
         model = GNN("gcn", 6, 7, 3, layers=3, dropout=0.0)
         rt.comm.reset()

@@ -20,8 +20,8 @@ from gnnpar.kernels import cpu_spmm
 from gnnpar.kernels.cpu_spmm import csr_mm, row_blocks
 from gnnpar.kernels.local import SparseOperator, csr_tensor
 
-from .exact import (UNIT, assert_within_float64_bound, assert_within_sum_bound,
-                    float64_product, sequential_mm)
+from .exact import (UNIT, assert_within_float64_bound, assert_within_sum_bound, float64_product,
+                    sequential_mm)
 
 pytestmark = pytest.mark.skipif(not cpu_spmm.available(), reason="numba kernel not available")
 

@@ -8,9 +8,8 @@ import types
 import numpy as np
 import pytest
 
-from gnnpar.datasets import (DEFAULT_SPEC, InputError, from_dgl, from_pyg, load_cache,
-                             load_dataset, parse_spec, read_npz, read_ogb, rmat, save_cache, sbm,
-                             to_pyg)
+from gnnpar.datasets import (DEFAULT_SPEC, InputError, from_dgl, from_pyg, load_cache, load_dataset,
+                             parse_spec, read_npz, read_ogb, rmat, save_cache, sbm, to_pyg)
 
 
 # ---------------------------------------------------------------- helpers

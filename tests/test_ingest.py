@@ -16,8 +16,8 @@ import os
 import numpy as np
 import pytest
 
-from gnnpar.datasets import (Graph, InputError, graph_from_arrays, load_cache, load_dataset, read_npz,
-                             read_ogb, save_cache)
+from gnnpar.datasets import (Graph, InputError, graph_from_arrays, load_cache, load_dataset,
+                             read_npz, read_ogb, save_cache)
 from gnnpar.datasets import cache as cache_mod
 from gnnpar.datasets import csr_stream, file_stream, graph as graph_mod, ingest
 from gnnpar.datasets.cache import CacheWriter

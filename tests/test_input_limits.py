@@ -24,7 +24,7 @@ import pytest
 from gnnpar.cli.cli_common import EXIT_DIVERGED, JsonLog, cut_log
 from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import (DEFAULT_MEMORY_SHARE, MAX_BYTES_ENV, machine_memory,
-                                   memory_limit)
+                                    memory_limit)
 from gnnpar.datasets.normalize import union_structure, values_for
 from gnnpar.datasets.readers import read_npz
 from gnnpar.cli.options import build_parser

@@ -18,8 +18,8 @@ from gnnpar.kernels.csr_transpose import transpose_csr, transpose_csr_numpy
 from gnnpar.kernels.local import SparseOperator
 from gnnpar.nn.models import GNN
 from gnnpar.nn.product_order import aggregate_first, aggregate_first_op, product_costs
-from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
-                             SamplerConfig, ServiceConfig, Topology, batch_rng)
+from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService, SamplerConfig,
+                             ServiceConfig, Topology, batch_rng)
 from gnnpar.sampling.blocks import BlockOperator, block_operators
 from gnnpar.training.minibatch_loop import DataParallel, train_step
 from gnnpar.sampling.service import SamplingStats, lower_thread_priority

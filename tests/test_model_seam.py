@@ -13,6 +13,7 @@ import gnnpar
 from gnnpar.datasets import InputError
 from gnnpar.training.distributed import DistRuntime
 from gnnpar.interfaces import EdgeOperator, Operator
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.nn.models import GNN, LAYERS, build_model, sampler_input_dropout
 from gnnpar.partitioners import partition_graph
@@ -47,7 +48,7 @@ def seam_world(rank, world, cases):
     g = random_graph(n=47, f=6, classes=3, seed=11, directed=True)
     shard = build_shard(g, partition_graph(g, world, "metis", seed=3), rank, norms=("gcn",))
     for label, algo, dims, replication, kw in cases:
-        rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algo, "gcn", "cpu",
+        rt = DistRuntime(make_grid(algo, world, dims, replication), shard, algorithm(algo), "gcn", "cpu",
                          **kw)
         ops = rt.op if isinstance(rt.op, (list, tuple)) else [rt.op]
         out[label]["operators"] = [isinstance(o, Operator) and isinstance(o.edges(), EdgeOperator)

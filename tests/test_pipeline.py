@@ -7,8 +7,8 @@ import torch
 
 from gnnpar.datasets import InputError, load_dataset
 from gnnpar.nn.models import GNN
-from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
-                             SamplerConfig, ServiceConfig, Topology, batch_rng)
+from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService, SamplerConfig,
+                             ServiceConfig, Topology, batch_rng)
 from gnnpar.sampling.device_sampler import TorchBulkSampler, TorchRelabeler, TorchTopology
 from gnnpar.sampling.draws import HashDraws, PcgDraws
 from gnnpar.training.minibatch_loop import DataParallel, fit_minibatch

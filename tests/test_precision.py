@@ -23,6 +23,7 @@ import gnnpar.training.rank
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels import cpu_spmm
 from gnnpar.kernels.algorithms import make_grid
 from gnnpar.kernels.cpu_spmm import csr_mm
@@ -242,7 +243,7 @@ def bf16_ranks(rank, world, cases):
     curve_s = curve(rt_s)
     res = {}
     for label, algo, dims in cases:
-        rt = DistRuntime(make_grid(algo, world, dims, 1), shard, algo, "gcn", cpu)
+        rt = DistRuntime(make_grid(algo, world, dims, 1), shard, algorithm(algo), "gcn", cpu)
         out_d, grads_d = step(model, rt, count)
         ids = torch.as_tensor(rt.global_ids)
         res[label] = {"dtype": str(out_d.dtype),

@@ -22,8 +22,8 @@ from gnnpar.infer.inference import embeddings_layer, forward_rows, layerwise
 from gnnpar.training.serial import SerialRuntime
 from gnnpar.launcher.spawn import spawn
 
-from .predict_cases import (KINDS, LAYERWISE_KINDS, cases, graph, max_error, model,
-                            predict_all, reference)
+from .predict_cases import (KINDS, LAYERWISE_KINDS, cases, graph, max_error, model, predict_all,
+                            reference)
 
 TOL = 1e-5
 _DONE = {}

@@ -8,7 +8,7 @@ import pytest
 
 from gnnpar.training.logged import final_metrics
 from gnnpar.training.memory import (array_bytes, gather_ints, halo_row_bytes, local_current_bytes,
-                           local_peak_bytes, merge_rank_peaks, spmm_width)
+                                    local_peak_bytes, merge_rank_peaks, spmm_width)
 from gnnpar.partitioners.shards import load_shard
 
 from .cli_util import run_train

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gnnpar.kernels.overlap as overlap
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shards import load_shard
 from gnnpar.launcher.spawn import spawn
@@ -99,7 +100,7 @@ def runtime_body(rank, world, folder):
     grid = make_grid("1d-halo", world)
     before = {k: _status_mb(k) for k in ("RssAnon", "RssFile")}
     shard = load_shard(folder, rank)
-    rt = DistRuntime(grid, shard, "1d-halo", "gcn")
+    rt = DistRuntime(grid, shard, algorithm("1d-halo"), "gcn")
     grown = {k: _status_mb(k) - v for k, v in before.items()}
     blocks = [*rt.op.block.fwd.blocks.values(), *rt.op.block.bwd.blocks.values()]
     op_mb = sum(t.crow_indices().nbytes + t.col_indices().nbytes + t.values().nbytes

@@ -11,9 +11,10 @@ import torch
 
 from gnnpar.datasets import InputError
 from gnnpar.training.distributed import DistRuntime
+from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels import cost_model
-from gnnpar.kernels.algorithms import (ALGORITHMS, cost_names, get, group_grid_shape,
-                                       make_grid, names, register)
+from gnnpar.kernels.algorithms import (ALGORITHMS, cost_names, get, group_grid_shape, make_grid,
+                                       names, register)
 from gnnpar.kernels.cost_terms import Cost, Structure
 from gnnpar.kernels.entry import LAYOUT_FLAGS, Algorithm, GroupRule
 from gnnpar.kernels.grid import AXES
@@ -140,7 +141,7 @@ def ring_rank(rank, world, n):
         torch.manual_seed(1)
         model = GNN("gcn", 6, 7, 3, layers=3, dropout=0.0)
         rt = (SerialRuntime(g, model.norm, "cpu") if how == "serial" else
-              DistRuntime(make_grid(how, world), shard, how, model.norm, "cpu"))
+              DistRuntime(make_grid(how, world), shard, algorithm(how), model.norm, "cpu"))
         curves[how] = [r["loss"] for r in fit(model, rt, TrainConfig(epochs=3, lr=0.05))]
     return {"curves": curves, "op": type(rt.op).__name__, "sizes": rt.op.sizes}
 

@@ -10,8 +10,8 @@ import torch
 from gnnpar.datasets.normalize import propagation_matrix
 from gnnpar.nn.models import GNN
 from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchService,
-                             NeighborSampler, SamplerConfig, SamplingStats, ServiceConfig,
-                             Topology, batch_rng)
+                             NeighborSampler, SamplerConfig, SamplingStats, ServiceConfig, Topology,
+                             batch_rng)
 from gnnpar.sampling import fast, row_gather
 from gnnpar.sampling.blocks import Relabeler, assemble_block, assemble_block_numpy
 from gnnpar.sampling.cache import by_degree, by_presampling

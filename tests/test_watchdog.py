@@ -13,8 +13,7 @@ import time
 import pytest
 
 from gnnpar.launcher.bootstrap import free_port
-from gnnpar.launcher.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog,
-                             on_sigterm)
+from gnnpar.launcher.watchdog import (EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog, on_sigterm)
 
 from .cli_util import ROOT
 WORKER = os.path.join(ROOT, "tests", "watchdog_worker.py")

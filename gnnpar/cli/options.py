@@ -304,7 +304,7 @@ def check_sizes(args, max_bytes=None) -> None:
         check_memory(args.nprocs * RANK_PROCESS_BYTES,
                      f"--nprocs {args.nprocs} (a process per rank)", max_bytes)
     f_in, f_out, where = _shard_widths(args.partition_dir)
-    per = 2 if args.model == "sage" else 1
+    per = facts(args.model).weight_sets
     params = per * (args.hidden * args.hidden * max(args.layers - 2, 0)
                     + args.hidden * (f_in + f_out))
     check_memory(16 * params, f"--hidden {args.hidden} with --layers {args.layers}{where} "

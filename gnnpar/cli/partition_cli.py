@@ -53,8 +53,7 @@ from gnnpar.partitioners.shard_folder import check_shard_disk, shard_writer
 from gnnpar.partitioners.shards import dataset_source
 
 from gnnpar.cli.cli_common import (add_max_memory_arg, apply_max_memory, check_bounds,
-                                   max_memory_bytes,
-                         run_cli)
+                                   max_memory_bytes, run_cli)
 
 PROG = "gnnpar-partition"
 

@@ -36,11 +36,10 @@ from gnnpar.partitioners import partition_graph
 
 from gnnpar.nn.model_registry import built_in, facts
 from gnnpar.cli.calibrate import (CALIBRATION_ENV, DEFAULT_PATH, calibrate,
-                        check_target as check_calibration_target, machine_for, save)
+                                  check_target as check_calibration_target, machine_for, save)
 from gnnpar.nn.attention import GAT_HEADS, check_heads
 from gnnpar.cli.cli_common import (MAX_RANKS, DefaultsHelpFormatter, add_max_memory_arg,
-                                   apply_max_memory,
-                         check_bounds, run_cli)
+                                   apply_max_memory, check_bounds, run_cli)
 from gnnpar.nn.precision import PRECISIONS
 
 PROG = "gnnpar-plan"

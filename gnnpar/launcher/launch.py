@@ -37,7 +37,7 @@ from gnnpar.cli.cli_common import apply_max_memory
 from gnnpar.cli.plan_cli import plan
 from gnnpar.training.rank import run_rank
 from gnnpar.training.shard_source import (ShardSource, check_shard_flags, has_shards, load_graph,
-                           prepare_shards, resolve_reorder, run_partition)
+                                          prepare_shards, resolve_reorder, run_partition)
 from gnnpar.launcher.spawn import SpawnError, spawn
 from gnnpar.cli.spec import RunSpec
 from gnnpar.launcher.watchdog import EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog

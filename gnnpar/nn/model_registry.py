@@ -18,17 +18,20 @@ class ModelFacts:
     """``norm``: the Â its layers read (None: the model's own, a user's); ``attention``: it
     takes ``--heads``/``--attn-dropout`` and reads per-edge values (``op.edges()``), which
     the checkpoint identity and the model file record; ``cost``: the cost model's kind
-    (:mod:`gnnpar.kernels.cost_model`; an attention model's is made with its heads)."""
+    (:mod:`gnnpar.kernels.cost_model`; an attention model's is made with its heads);
+    ``weight_sets``: weight matrices a layer holds from its input to its output width (SAGE:
+    the root's and the neighbours'), which the flag checks count in the model's size."""
 
     norm: "str | None"
     attention: bool = False
     cost: str = "gcn"
+    weight_sets: int = 1
 
 
 #: gnnpar's own models, in ``--help`` order
 MODELS: Dict[str, ModelFacts] = {
     "gcn": ModelFacts(norm="gcn", cost="gcn"),
-    "sage": ModelFacts(norm="mean", cost="sage"),
+    "sage": ModelFacts(norm="mean", cost="sage", weight_sets=2),
     "gat": ModelFacts(norm="gcn", attention=True, cost="gat"),
 }
 #: a user's model or layer

@@ -226,7 +226,8 @@ class GNN(nn.Module):
         layer = LAYERS[kind]
         self.kind, self.norm, self.dropout = kind, getattr(layer, "norm", "gcn"), dropout
         self.attn_dropout = dropout if attn_dropout is None else attn_dropout
-        if kind == "gat":
+        self.attention = facts(kind).attention
+        if self.attention:
             self.layers = gat_layers(f_in, hidden, f_out, layers, heads or GAT_HEADS)
             return
         widths = [f_in] + [hidden] * (layers - 1) + [f_out]
@@ -260,7 +261,7 @@ class GNN(nn.Module):
         these steps one after another, and layer-wise inference (:mod:`gnnpar.infer.inference`)
         runs each over row chunks."""
         layer, last = self.layers[i], i == len(self.layers) - 1
-        if self.kind == "gat":  # ELU between layers, as the GAT paper
+        if self.attention:  # GAT: ELU between layers, as the GAT paper
             h = layer(op, h, (self.attn_dropout, self.training))
             return h if last else dropout(F.elu(h), self.dropout, self.training)
         if last:

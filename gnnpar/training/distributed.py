@@ -15,7 +15,6 @@ import os
 import numpy as np
 import torch
 
-from gnnpar.kernels.algorithms import get as algorithm
 from gnnpar.kernels.comm import Comm
 from gnnpar.kernels.entry import Algorithm
 from gnnpar.kernels.grid import ProcessGrid
@@ -32,19 +31,17 @@ class DistRuntime(RuntimeCollectives):
     """One rank's view of a distributed full-batch run.
 
     ``shard`` (``gnnpar.partitioners`` Shard) gives the rows this rank owns (an operator may
-    own others: ``row_ids``, e.g. with ``permute=True``); ``algo`` (its name or registry
-    entry) picks the operator (3d/4d with ``layers=L`` give a list, one per layer). Weights
-    are replicated and every rank owns distinct rows in every algorithm, so the ranks sharing
-    a weight block are all ranks: gradients are summed over every axis once per step. The
-    grid must hold the group of all its axes together (the registry entry's ``make_grid``
-    builds it, :mod:`gnnpar.kernels.algorithms`).
+    own others: ``row_ids``, e.g. with ``permute=True``); ``entry``, the algorithm's registry
+    entry (the one the grid was made with, passed down), builds the operator (3d/4d with
+    ``layers=L`` give a list, one per layer). Weights are replicated and every rank owns
+    distinct rows in every algorithm, so the ranks sharing a weight block are all ranks:
+    gradients are summed over every axis once per step. The grid must hold the group of all
+    its axes together (the registry entry's ``make_grid`` builds it,
+    :mod:`gnnpar.kernels.algorithms`).
     """
 
-    def __init__(self, grid: ProcessGrid, shard, algo, norm: str, device="cpu",
+    def __init__(self, grid: ProcessGrid, shard, entry: Algorithm, norm: str, device="cpu",
                  wire_dtype=None, **algo_kw):
-        # ``algo``: the registry entry (passed down by the caller that made the grid with it)
-        # or its name
-        entry = algo if isinstance(algo, Algorithm) else algorithm(algo)
         self.grid, self.algo, self.device = grid, entry.name, torch.device(device)
         self.comm = Comm(grid, wire_dtype)
         with self.comm.in_phase("setup"):

@@ -38,8 +38,7 @@ from gnnpar.sampling.draws import HASH_GENERATOR
 from gnnpar.training.minibatch_loop import fit_minibatch
 from gnnpar.training.minibatch_setup import build_rank, serial_parts
 from gnnpar.training.shard_source import (ShardSource, load_graph, load_rank_shard,
-                                          shard_fingerprint,
-                           vertex_order)
+                                          shard_fingerprint, vertex_order)
 from gnnpar.cli.spec import RunSpec
 from gnnpar.training.trainer import TrainConfig, fit, make_optimizer
 from gnnpar.infer.prediction import PredictJob, hidden_layers, outputs_meta, predict_rows

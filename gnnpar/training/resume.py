@@ -50,9 +50,9 @@ from gnnpar.sampling.neighbor import parse_fanouts
 from gnnpar.nn.model_registry import facts
 from gnnpar.nn.attention import GAT_HEADS
 from gnnpar.training.checkpoint import (CheckpointWarning, CorruptCheckpoint, FolderLock,
-                                        agree_on_error,
-                         agree_on_failure, agree_on_step, capture_rng, file_name, list_steps,
-                         load_step, rank_dir, read_verified, restore_rng, save_checkpoint)
+                                        agree_on_error, agree_on_failure, agree_on_step,
+                                        capture_rng, file_name, list_steps, load_step, rank_dir,
+                                        read_verified, restore_rng, save_checkpoint)
 from gnnpar.training.trainer import default_weight_decay
 from gnnpar.launcher.watchdog import on_sigterm
 

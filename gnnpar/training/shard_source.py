@@ -31,7 +31,7 @@ from gnnpar.partitioners.shards import dataset_source, load_shard, read_meta
 from gnnpar.interfaces import Shard
 from gnnpar.link.options import DEFAULT_SPLIT
 from gnnpar.link.split import (given_arrays, given_split, load_split, parse_fractions, save_split,
-                         split_edges)
+                               split_edges)
 from gnnpar.launcher.scratch import make_scratch_dir, remove_stale_scratch_dirs
 
 DEFAULT_PARTITIONER = "metis"
