@@ -23,6 +23,7 @@ from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchSer
 from gnnpar.sampling.blocks import BlockOperator, block_operators
 from gnnpar.training.minibatch_loop import DataParallel, train_step
 from gnnpar.sampling.service import SamplingStats, lower_thread_priority
+from gnnpar.training.adam import FusedAdam
 from gnnpar.training.trainer import TrainConfig, make_optimizer
 
 from .graphs import random_graph
@@ -248,9 +249,9 @@ def test_make_optimizer_is_fused_on_cpu_and_resumes_exactly():
     torch.manual_seed(0)
     model = GNN("sage", 5, 8, 3, 2, 0.0)
     opt = make_optimizer(model, TrainConfig())
-    assert isinstance(opt, torch.optim.Adam)
+    assert isinstance(opt, FusedAdam)
     assert opt.param_groups[0]["weight_decay"] == 5e-4 and opt.param_groups[0]["lr"] == 0.01
-    fused = opt.param_groups[0].get("fused")
+    assert opt.param_groups[0]["fused"] is True
     x = torch.randn(6, 5)
 
     def step(o, m):
@@ -267,12 +268,59 @@ def test_make_optimizer_is_fused_on_cpu_and_resumes_exactly():
     model2.load_state_dict(state["model"])
     opt2 = make_optimizer(model2, TrainConfig())
     opt2.load_state_dict(state["opt"])
-    assert opt2.param_groups[0].get("fused") == fused
     step(opt2, model2)
     assert all(torch.equal(a, b) for a, b in zip(want, model2.parameters()))
-    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
-    if (major, minor) >= (2, 4):  # torch's fused Adam runs on the CPU from 2.4
-        assert fused is True
+
+
+def test_fused_adam_is_torchs_fused_adam_bit_for_bit():
+    """The same updates as ``torch.optim.Adam(fused=True)`` (its kernel), step after step,
+    without importing ``torch._dynamo``; the state dicts load into one another."""
+    torch.manual_seed(1)
+    models = [GNN("gcn", 5, 8, 3, 3, 0.0) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    ours = FusedAdam(models[0].parameters(), lr=0.05, weight_decay=5e-4)
+    theirs = torch.optim.Adam(models[1].parameters(), lr=0.05, weight_decay=5e-4, fused=True)
+    x = torch.randn(6, 5)
+    for _ in range(4):
+        for m, o in zip(models, (ours, theirs)):
+            o.zero_grad(set_to_none=True)
+            m([_Dense(6)] * 3, x).pow(2).sum().backward()
+            o.step()
+        assert all(torch.equal(a, b) for a, b in zip(*(m.parameters() for m in models)))
+    mine, torchs = ours.state_dict(), theirs.state_dict()
+    assert mine["param_groups"] == torchs["param_groups"]
+    assert mine["state"].keys() == torchs["state"].keys()
+    for i, s in mine["state"].items():
+        assert s.keys() == torchs["state"][i].keys()
+        assert all(torch.equal(v, torchs["state"][i][k]) for k, v in s.items())
+    back = FusedAdam(models[0].parameters())
+    back.load_state_dict(copy.deepcopy(torchs))
+    assert back.param_groups[0]["lr"] == 0.05
+    torch.optim.Adam(models[1].parameters(), fused=True).load_state_dict(copy.deepcopy(mine))
+    plain = torch.optim.Adam(models[1].parameters()).state_dict()
+    plain["state"] = {}
+    with pytest.raises(ValueError, match="fused"):
+        FusedAdam(models[0].parameters()).load_state_dict(plain)
+
+
+DYNAMO_CHECK = """
+import sys
+from gnnpar.train import main
+try:
+    main(["--dataset", "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02", "--epochs", "2", "--quiet"])
+except SystemExit:
+    pass
+print("dynamo imported" if "torch._dynamo" in sys.modules else "dynamo not imported")
+"""
+
+
+def test_training_on_the_cpu_never_imports_dynamo():
+    """A serial run of gnnpar-train's main: torch's optimiser class would import
+    ``torch._dynamo`` (nearly 2 s of CPU a process); the trainers' Adam does not."""
+    res = subprocess.run([sys.executable, "-c", DYNAMO_CHECK], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "dynamo not imported"
 
 
 class _Dense:

@@ -45,6 +45,7 @@ from gnnpar.cli.cli_common import LostRank
 from gnnpar.datasets import InputError
 from gnnpar.launcher.hostlist import expand_hostlist, first_host  # noqa: F401 - importable from here
 from gnnpar.kernels.comm import import_dynamo_first, init_process_group
+from gnnpar.training.adam import optimizer_imports_dynamo
 
 MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
@@ -336,7 +337,8 @@ def init_distributed(info: WorldInfo, backend: str = "auto", timeout: float = 30
         torch.cuda.set_device(gpu)
         device = torch.device("cuda", gpu)
     td = datetime.timedelta(seconds=timeout)
-    import_dynamo_first()  # a launched rank trains: let shutdown free its groups
+    if optimizer_imports_dynamo(device):  # a launched rank trains: let shutdown free its groups
+        import_dynamo_first()
     store = _MPI_STORES.pop(info.master_port, None) if info.source == "mpi" else None
     if info.world_size == 1 and info.master_port is None:
         init_process_group(name, store=dist.HashStore(), rank=0, world_size=1, timeout=td)

@@ -31,6 +31,7 @@ from gnnpar.kernels.cost_model import Structure
 from gnnpar.kernels.cpu_spmm import size_pool
 from gnnpar.partitioners.shards import read_meta
 
+from gnnpar.training.adam import optimizer_imports_dynamo
 from gnnpar.launcher.bootstrap import (WorldInfo, detect_world, init_distributed, resolve_backend,
                                        shutdown)
 from gnnpar.cli.cli_common import apply_max_memory
@@ -146,7 +147,8 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None,
             source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
             _raise_if_preempted(sigterm)
             return spawn(_spawned, spec.nprocs, args=(spec, source, job), backend=spec.backend,
-                         timeout_s=spec.timeout, threads=spec.threads, dynamo_first=True)[0]
+                         timeout_s=spec.timeout, threads=spec.threads,
+                         dynamo_first=optimizer_imports_dynamo(spec.device))[0]
         except SpawnError as e:
             if e.failure.kind == "input":
                 raise InputError(e.failure.message) from None

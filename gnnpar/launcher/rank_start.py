@@ -57,22 +57,25 @@ from gnnpar.launcher.scratch import make_scratch_dir, remove_stale_scratch_dirs
 #: import it (a rank body defined there stays importable); ``numba``, which ranks import for
 #: their kernels (a fifth of a second each), only imported: no kernel is loaded and its thread
 #: pool does not start until a rank's first parallel call
-PRELOAD = ("__main__", "torch", "torch._dynamo", "numba", "gnnpar.launcher.rank_start",
-           "gnnpar.launcher.launch")
+PRELOAD = ("__main__", "torch", "numba", "gnnpar.launcher.rank_start", "gnnpar.launcher.launch")
+#: imported too by a server whose first ranks train with torch's optimiser (``dynamo=True``)
+DYNAMO = "torch._dynamo"
 SERVER_PREFIX = "gnnpar-forkserver-"
 
 
-def context():
+def context(dynamo: bool = False):
     """The multiprocessing context the ranks start from: ``forkserver`` where it exists and
     its socket's path fits (a Unix socket's path is at most 107 bytes: a deep ``$TMPDIR``
-    does not fit), else ``spawn``."""
+    does not fit), else ``spawn``. ``dynamo``: the ranks will import ``torch._dynamo``
+    (:func:`gnnpar.kernels.comm.import_dynamo_first`), so a server started now imports it
+    once for all of them (a server already running keeps what it imported)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     remove_stale_scratch_dirs(SERVER_PREFIX)
     if not _server_folder():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(PRELOAD))
+    ctx.set_forkserver_preload(list(PRELOAD) + ([DYNAMO] if dynamo else []))
     return ctx
 
 

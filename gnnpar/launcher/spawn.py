@@ -112,8 +112,9 @@ def spawn(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), backend
     compiled SpMM pool; default the cores this process may run on // nprocs (≥ 1).
     ``timeout_s``: how long a collective may wait (the process group's timeout) and how long
     a rank's heartbeat may be silent before the rank is reported lost; the run itself has no
-    deadline (see :class:`Collector`). ``dynamo_first``: ``fn`` builds a torch optimizer
-    (trains), so each rank imports ``torch._dynamo`` before it joins
+    deadline (see :class:`Collector`). ``dynamo_first``: ``fn`` builds a ``torch.optim``
+    optimizer (trains on a GPU, :mod:`gnnpar.training.adam`), so each rank imports
+    ``torch._dynamo`` before it joins
     (:func:`gnnpar.kernels.comm.import_dynamo_first`), and its process groups are freed when
     it leaves.
 
@@ -154,7 +155,7 @@ def retry_unjoined(start_world: Callable[[], List[Any]], tries: int,
 
 def _spawn_world(fn, nprocs, args, backend, timeout_s, threads, dynamo_first) -> List[Any]:
     """One world of ``nprocs`` ranks, from its own rendezvous folder to its last rank."""
-    ctx = rank_context()
+    ctx = rank_context(dynamo_first)
     results = ctx.Queue()
     beats = ctx.RawArray("Q", nprocs)  # one heartbeat counter per rank
     beat_s = beat_interval(timeout_s)

@@ -24,6 +24,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from gnnpar.training.epochs import memory_fields, run_epochs
+from gnnpar.training.adam import FusedAdam
 from gnnpar.interfaces import SPLITS, CommStats, LayerOps, Reducer
 from gnnpar.nn.loss import summed_cross_entropy
 from gnnpar.training.memory import RankMemory
@@ -132,22 +133,23 @@ def evaluate(model, runtime, precision: str = "fp32") -> Dict[str, float]:
 def make_optimizer(model, cfg: TrainConfig):
     """The optimiser every trainer uses (Adam), made before a checkpoint can restore it.
 
-    Parameters on the CPU get torch's fused Adam (one pass over each tensor for the whole
-    update instead of ~10 elementwise ops per tensor, each with its own call and, on two or
-    more threads, its own OpenMP region: about half the optimiser's time on a mini-batch
-    step's small tensors) where this torch has it (2.4+);
-    elsewhere, and on a GPU, torch's default Adam. Every trainer, serial or
+    float32 parameters on the CPU get :class:`~gnnpar.training.adam.FusedAdam`: torch's fused
+    Adam kernel (one pass over each tensor for the whole update instead of ~10 elementwise
+    ops per tensor, each with its own call and, on two or more threads, its own OpenMP
+    region: about half the optimiser's time on a mini-batch step's small tensors), called
+    without ``torch.optim``'s class, so the process never imports ``torch._dynamo``;
+    elsewhere, and on a GPU, torch's default Adam
+    (:func:`~gnnpar.training.adam.optimizer_imports_dynamo`). Every trainer, serial or
     distributed, comes through here, so runs that are compared see the same update; a resume
-    takes the optimiser's settings from its checkpoint (``load_state_dict``), fused or not,
-    so it continues the saved run's arithmetic exactly."""
+    takes the optimiser's settings from its checkpoint (``load_state_dict``), so it continues
+    the saved run's arithmetic exactly."""
     params = list(model.parameters())
     kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
     if params and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
-        try:
-            return torch.optim.Adam(params, fused=True, **kw)
-        except (RuntimeError, TypeError, ValueError):  # a torch without fused CPU Adam
-            pass
+        return FusedAdam(params, **kw)
     return torch.optim.Adam(params, **kw)
+
+
 
 
 def fit(model, runtime, cfg: TrainConfig, on_epoch: Optional[Callable[[dict], None]] = None,
