@@ -2,13 +2,13 @@
 already imported torch and gnnpar.
 
 A rank started with multiprocessing's ``spawn`` method is a new interpreter that imports torch
-(and, to train on a GPU, ``torch._dynamo``) before it can do anything: two to three seconds
-per rank on a small machine, paid again on every call. multiprocessing's ``forkserver``
-method starts one server process per launching process, the first time it is needed; the
-server imports the modules in :data:`PRELOAD` once and forks each rank from itself, so a
-rank starts in a few hundredths of a second with those modules in place. The server has
-only imported modules — it has run no torch operation, started no thread pool and touched no GPU — so forking it is
-as safe as a fresh interpreter. Where ``forkserver`` does not exist (not POSIX) ranks are
+(and, to train on a GPU, ``torch._dynamo``) before it can do anything: two to three seconds per
+rank on a small machine, paid again on every call. multiprocessing's ``forkserver`` method
+starts one server process per launching process, the first time it is needed; the server
+imports the modules in :data:`PRELOAD` once and forks each rank from itself, so a rank starts
+in a few hundredths of a second with those modules in place. The server has only imported
+modules — it has run no torch operation, started no thread pool and touched no GPU — so forking
+it is as safe as a fresh interpreter. Where ``forkserver`` does not exist (not POSIX) ranks are
 started with ``spawn``.
 
 Three things a forked rank would otherwise take from the server rather than from the call,
