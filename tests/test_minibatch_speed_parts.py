@@ -23,7 +23,8 @@ from gnnpar.sampling import (BulkSampler, EpochPlan, FeatureStore, MacrobatchSer
 from gnnpar.sampling.blocks import BlockOperator, block_operators
 from gnnpar.training.minibatch_loop import DataParallel, train_step
 from gnnpar.sampling.service import SamplingStats, lower_thread_priority
-from gnnpar.training.adam import FusedAdam
+from gnnpar.training import adam
+from gnnpar.training.adam import FusedAdam, optimizer_imports_dynamo
 from gnnpar.training.trainer import TrainConfig, make_optimizer
 
 from .graphs import random_graph
@@ -270,6 +271,16 @@ def test_make_optimizer_is_fused_on_cpu_and_resumes_exactly():
     opt2.load_state_dict(state["opt"])
     step(opt2, model2)
     assert all(torch.equal(a, b) for a, b in zip(want, model2.parameters()))
+
+
+def test_one_rule_picks_the_optimiser_and_what_a_rank_imports_for_it():
+    """make_optimizer and optimizer_imports_dynamo decide by the same rule (adam.takes): a
+    float32 CPU model gets FusedAdam and no dynamo; any other dtype gets torch's Adam."""
+    model = GNN("gcn", 5, 8, 3, 2, 0.0)
+    assert isinstance(make_optimizer(model, TrainConfig()), FusedAdam)
+    assert adam.takes("cpu", torch.float32) and not optimizer_imports_dynamo("cpu")
+    assert not adam.takes("cpu", torch.float64) and optimizer_imports_dynamo("cuda")
+    assert isinstance(make_optimizer(model.double(), TrainConfig()), torch.optim.Adam)
 
 
 def test_fused_adam_is_torchs_fused_adam_bit_for_bit():

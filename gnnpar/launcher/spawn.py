@@ -142,15 +142,16 @@ def retry_unjoined(start_world: Callable[[], List[Any]], tries: int,
     a rank could not join the process group: then no rank ran any of its work
     (:func:`gnnpar.launcher.rank_join.join`), so starting again repeats nothing. Every other
     failure, and the last try's, is raised as it came; each retry is said in one line."""
-    for attempt in range(1, tries + 1):
+    attempt = 1
+    while True:
         try:
             return start_world()
         except SpawnError as e:
-            if e.failure.kind != "join" or attempt == tries:
+            if e.failure.kind != "join" or attempt >= tries:
                 raise
+            attempt += 1
             say(f"gnnpar: {e.failure.message}; starting the ranks again "
-                f"(try {attempt + 1} of {tries})")
-    raise AssertionError("unreachable")  # the loop returns or raises
+                f"(try {attempt} of {tries})")
 
 
 def _spawn_world(fn, nprocs, args, backend, timeout_s, threads, dynamo_first) -> List[Any]:

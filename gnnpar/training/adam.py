@@ -115,9 +115,18 @@ class FusedAdam:
                 "exp_avg_sq": s["exp_avg_sq"].to(dtype=p.dtype, device=p.device)}
 
 
+def takes(device, dtype) -> bool:
+    """Whether :class:`FusedAdam` updates a parameter of ``dtype`` on ``device``: float32 on
+    the CPU. The one rule of the trainers' optimiser
+    (:func:`gnnpar.training.trainer.make_optimizer`) and of what a rank imports for it
+    (:func:`optimizer_imports_dynamo`)."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32
+
+
 def optimizer_imports_dynamo(device) -> bool:
-    """Whether the trainers' optimiser for a model on ``device`` is torch's
-    (:func:`gnnpar.training.trainer.make_optimizer`): ``torch.optim`` imports
-    ``torch._dynamo``, which a rank must then import before it joins its process group
-    (:func:`gnnpar.kernels.comm.import_dynamo_first`); on the CPU it is :class:`FusedAdam`."""
-    return torch.device(device).type != "cpu"
+    """Whether the trainers' optimiser for a model on ``device`` is torch's: their parameters
+    are float32 (bf16 runs autocast, :mod:`gnnpar.nn.precision`), so it is :class:`FusedAdam`
+    where :func:`takes` float32 on ``device``. ``torch.optim`` imports ``torch._dynamo``,
+    which a rank must then import before it joins its process group
+    (:func:`gnnpar.kernels.comm.import_dynamo_first`)."""
+    return not takes(device, torch.float32)

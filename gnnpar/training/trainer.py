@@ -24,7 +24,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from gnnpar.training.epochs import memory_fields, run_epochs
-from gnnpar.training.adam import FusedAdam
+from gnnpar.training.adam import FusedAdam, takes as fused_adam_takes
 from gnnpar.interfaces import SPLITS, CommStats, LayerOps, Reducer
 from gnnpar.nn.loss import summed_cross_entropy
 from gnnpar.training.memory import RankMemory
@@ -145,7 +145,7 @@ def make_optimizer(model, cfg: TrainConfig):
     the saved run's arithmetic exactly."""
     params = list(model.parameters())
     kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if params and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params):
+    if params and all(fused_adam_takes(p.device, p.dtype) for p in params):
         return FusedAdam(params, **kw)
     return torch.optim.Adam(params, **kw)
 
