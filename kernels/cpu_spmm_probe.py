@@ -64,7 +64,7 @@ import platform
 import tempfile
 import time
 import warnings
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -267,12 +267,13 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _keep(path: str, entries: dict, key: str, name: str,
-          times: Dict[int, Tuple[float, float]], probe_s: float) -> Rule:
-    """Put the rule of ``times`` into ``entries`` and the file (the lock held); returns it."""
-    rule = rule_of(times)
+def _keep(path: str, entries: dict, key: str, name: str, times: Dict, probe_s: float,
+          decide: Callable[[Dict], Any] = None) -> Any:
+    """Put the rule ``decide(times)`` (default :func:`rule_of`) into ``entries`` and the file
+    (the lock held); returns it."""
+    rule = (decide or rule_of)(times)
     entries.setdefault(key, {})[name] = {
-        "rule": None if rule is None else list(rule),
+        "rule": list(rule) if isinstance(rule, tuple) else rule,
         "times_s": {str(w): [k, s] for w, (k, s) in sorted(times.items())},
         "probe_s": round(probe_s, 4), "load": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -285,21 +286,33 @@ def measured_rule(dtype: torch.dtype, threads: int, kernel_mm: Product, torch_mm
     """The size rule for ``dtype`` at ``threads`` threads on this machine: the cached entry,
     else probed now and cached; ``fallback`` where that cannot be done (see the module
     docstring)."""
+    return decided(_name(dtype), threads, lambda: measure(dtype, kernel_mm, torch_mm),
+                   rule_of, _entry_rule, fallback)
+
+
+def decided(name: str, threads: int, probe: Callable[[], Dict], decide: Callable[[Dict], Any],
+            entry_rule: Callable[[Any], Tuple[bool, Any]], fallback: Any) -> Any:
+    """A rule of this machine at ``threads`` threads kept in the cache under ``name``: the
+    cached entry where ``entry_rule(entry)`` finds it valid, else ``decide(probe())`` measured
+    now (one process at a time, the lock held) and cached; ``fallback`` where that cannot be
+    done. The SpMM size rules are ``name`` = their dtype; other product choices
+    (:mod:`gnnpar.nn.bf16_dense`) keep theirs in the same file under their own names."""
     try:
         path = cache_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        key, name = machine_key(threads), _name(dtype)
-        valid, rule = _entry_rule(read_cache(path).get(key, {}).get(name))
+        key = machine_key(threads)
+        valid, rule = entry_rule(read_cache(path).get(key, {}).get(name))
         if valid:
             return rule
         with _locked(path + ".lock", LOCK_WAIT_S):
             entries = read_cache(path)  # another process may have probed while this one waited
-            valid, rule = _entry_rule(entries.get(key, {}).get(name))
+            valid, rule = entry_rule(entries.get(key, {}).get(name))
             if valid:
                 return rule
             t = time.perf_counter()
-            times = measure(dtype, kernel_mm, torch_mm)
-            return _keep(path, entries, key, name, times, time.perf_counter() - t)
+            times = probe()
+            _keep(path, entries, key, name, times, time.perf_counter() - t, decide)
+            return entry_rule(entries[key][name])[1]  # as a later process reads it
     except Exception:  # noqa: BLE001 - no cache, no lock or a failed product: the fixed rule
         return fallback
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from gnnpar.nn.bf16_dense import Linear
 from gnnpar.nn.custom_model import load_factory
 from gnnpar.datasets import InputError
 
@@ -29,7 +30,7 @@ class MLPDecoder(nn.Module):
             raise InputError(f"an MLP decoder needs at least one layer, got {layers}")
         hidden = hidden or width
         dims = [width] + [hidden] * (layers - 1) + [1]
-        self.lins = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.lins = nn.ModuleList(Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
 
     def forward(self, zu: torch.Tensor, zv: torch.Tensor) -> torch.Tensor:
         h = zu * zv

@@ -32,6 +32,7 @@ from gnnpar.datasets import InputError
 from gnnpar.nn.dropout import add_bias, dropout
 from gnnpar.nn.model_registry import facts
 from gnnpar.kernels.edge_ops import EdgeOperator, edge_softmax
+from gnnpar.nn.bf16_dense import Linear
 
 #: GAT's LeakyReLU slope on the attention scores
 NEGATIVE_SLOPE = 0.2
@@ -76,7 +77,7 @@ class GATLayer(nn.Module):
         if heads < 1:
             raise ValueError(f"heads must be >= 1, got {heads}")
         self.heads, self.width, self.concat = heads, f_out, concat
-        self.lin = nn.Linear(f_in, heads * f_out, bias=False)
+        self.lin = Linear(f_in, heads * f_out, bias=False)
         self.att_src = nn.Parameter(torch.empty(heads, f_out))
         self.att_dst = nn.Parameter(torch.empty(heads, f_out))
         self.bias = nn.Parameter(torch.zeros(heads * f_out if concat else f_out)) if bias else None

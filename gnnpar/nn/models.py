@@ -53,6 +53,7 @@ from gnnpar.nn.model_registry import built_in, facts
 # the fused SAGE layer draws its mask as they do
 from gnnpar.nn.dropout import _check, _seed, _units
 from gnnpar.nn.attention import GAT_HEADS, GATLayer, gat_layers
+from gnnpar.nn.bf16_dense import Linear, linear
 from gnnpar.nn.custom_model import TRIAL_F_IN, TRIAL_F_OUT, build_custom, is_custom, load_factory
 from gnnpar.interfaces import LayerOps, Operator
 from gnnpar.kernels import sage_fused
@@ -71,7 +72,7 @@ class GCNLayer(nn.Module):
 
     def __init__(self, f_in: int, f_out: int, bias: bool = True):
         super().__init__()
-        self.lin = nn.Linear(f_in, f_out, bias=False)
+        self.lin = Linear(f_in, f_out, bias=False)
         # Glorot, as the GCN paper (and PyG's GCNConv): torch's Linear default draws a third
         # as wide on wide inputs, which slowed link training (docs/performance.md, "Link
         # prediction")
@@ -114,8 +115,8 @@ class SAGELayer(nn.Module):
 
     def __init__(self, f_in: int, f_out: int, bias: bool = True):
         super().__init__()
-        self.lin_neigh = nn.Linear(f_in, f_out, bias=bias)
-        self.lin_root = nn.Linear(f_in, f_out, bias=False)
+        self.lin_neigh = Linear(f_in, f_out, bias=bias)
+        self.lin_root = Linear(f_in, f_out, bias=False)
 
     @property
     def bias(self):
@@ -149,8 +150,8 @@ class SAGELayer(nn.Module):
         """(D⁻¹A·H)·W_neigh (+ ``bias`` unless None), the SpMM at the narrower width."""
         w = self.lin_neigh.weight
         if self._aggregates_first(op):
-            return F.linear(op(h), w, bias)
-        return add_bias(op(h @ w.t()), bias)
+            return linear(op(h), w, bias)
+        return add_bias(op(linear(h, w)), bias)
 
 
 def _epilogue(p: float, training: bool) -> sage_fused.Epilogue:

@@ -5,7 +5,9 @@ is mixed precision:
 
 - the forward pass runs under :func:`torch.autocast` on the run's device type with
   ``dtype=torch.bfloat16``, so the dense layers (``nn.Linear``, matmuls) compute in bf16
-  from float32 weights cast on the fly;
+  from float32 weights cast on the fly (on the CPU the built-in layers' products may run as
+  float32 GEMMs of the bf16 values where those are faster, the same products up to the
+  order of their float32 sums: :mod:`gnnpar.nn.bf16_dense`);
 - every SpMM takes its features in bf16 (the operators cast them under autocast,
   :func:`gnnpar.kernels.local.autocast_input`) and sums in float32 (``csr_mm``), returning
   bf16 — on a GPU that halves the gather traffic of the memory-bound product and of the
