@@ -67,7 +67,8 @@ def main() -> None:
         probes.append(bf16_dense.measure(rounds=1))
         order = list(sides) if r % 2 == 0 else list(reversed(sides))
         for name in order:
-            t, accs[name] = train(g, *sides[name], a.epochs)
+            precision, choice = sides[name]
+            t, accs[name] = train(g, precision, a.epochs, choice)
             times[name].append(t)
         print(f"round {r}: " + ", ".join(f"{k} {times[k][-1]:.2f} s" for k in sides)
               + f"; load {load():.2f}", flush=True)
