@@ -33,14 +33,15 @@ whose product is large enough to be decided by it; the cache entry records what 
 **The cache.** The rule is kept in ``spmm_rule.json`` under ``$GNNPAR_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/gnnpar``, else ``~/.cache/gnnpar``), one entry per machine key
 (:func:`machine_key`: the CPU's model name and instruction-set flags, torch's and numba's
-versions, the thread count) and dtype, with the times it was decided from and the load
-average then. The file is read and written under an exclusive ``flock`` on
-``spmm_rule.json.lock``, and the entry looked up again once the lock is held: ranks that
-start together do not each probe; the first measures and writes, the others wait for it
-and read its entry. The file is replaced whole (a temporary file renamed over it), so a
+versions, the thread count) and dtype, with the times it was decided from and the load average
+then (other per-machine product choices keep theirs beside them under their own names:
+:func:`decided`, :mod:`gnnpar.nn.bf16_dense`). The file is read and written under an exclusive
+``flock`` on ``spmm_rule.json.lock``, and the entry looked up again once the lock is held:
+ranks that start together do not each probe; the first measures and writes, the others wait for
+it and read its entry. The file is replaced whole (a temporary file renamed over it), so a
 reader never sees half of it. A file that cannot be parsed, or an entry of another shape, is
-ignored: the probe runs again and the file is rewritten. ``python scripts/bench_spmm.py
---probe --write`` measures again and replaces the entries (e.g. once the machine is quiet).
+ignored: the probe runs again and the file is rewritten. ``python scripts/bench_spmm.py --probe
+--write`` measures again and replaces the entries (e.g. once the machine is quiet).
 
 **Where the probe cannot run** (the cache folder cannot be created or written, the lock is not
 had within :data:`LOCK_WAIT_S`, or a product of the probe fails) the caller's fixed rule
