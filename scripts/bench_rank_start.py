@@ -1,12 +1,13 @@
-"""What a spawned rank's start costs with and without numba among the fork server's imports
-(``gnnpar/launcher/rank_start.py``: ``PRELOAD``).
+"""What a spawned rank's start costs with and without numba, and numba's compiler set up, among
+the fork server's imports (``gnnpar/launcher/rank_start.py``: ``PRELOAD``).
 
 Each round runs, for each variant in turn (interleaved), a fresh launcher process that
 spawns ``--ranks`` ranks the way ``--nprocs`` does; each rank does what a training rank does
 before its first step with numba (imports it and loads the samplers' and the SpMM's compiled
 kernels from numba's disk cache) and reports its own CPU seconds since it was forked. The
-variant ``without`` takes numba out of ``PRELOAD`` before the server starts. Prints each
-round's per-rank CPU, the medians and the load average.
+variant ``unwarmed`` takes :mod:`gnnpar.kernels.numba_warm` (the compiler's contexts) out of
+``PRELOAD`` before the server starts, ``without`` takes numba out too. Prints each round's
+per-rank CPU, the medians and the load average.
 
     python scripts/bench_rank_start.py --rounds 7
 """
@@ -27,8 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = """
 import json, sys
 from gnnpar.launcher import rank_start
-if sys.argv[1] == "without":
-    rank_start.PRELOAD = tuple(m for m in rank_start.PRELOAD if m != "numba")
+drop = {"with": (), "unwarmed": ("gnnpar.kernels.numba_warm",),
+        "without": ("gnnpar.kernels.numba_warm", "numba")}[sys.argv[1]]
+rank_start.PRELOAD = tuple(m for m in rank_start.PRELOAD if m not in drop)
 from gnnpar.launcher.spawn import spawn
 sys.path.insert(0, sys.argv[3])
 from bench_rank_start import rank_body
@@ -60,7 +62,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     args = ap.parse_args()
     print(f"commit {commit()}  ranks {args.ranks}  load {load():.2f}")
-    got = {"with": [], "without": []}
+    got = {"with": [], "unwarmed": [], "without": []}
     for r in range(args.rounds):
         for variant in got:
             res = subprocess.run([sys.executable, "-c", LAUNCHER, variant, str(args.ranks),

@@ -24,6 +24,22 @@ def report(rank, world):
     return os.getppid(), os.environ.get("GNNPAR_TEST_SETTING"), os.getcwd()
 
 
+def compiler_state(rank, world):
+    """Whether numba's compiler contexts exist in a rank before its first kernel, and whether
+    numba's threading layer has started."""
+    import numba.np.ufunc.parallel as numba_parallel
+    from numba.core.registry import cpu_target
+    built = all(name in vars(cpu_target)
+                for name in ("_toplevel_typing_context", "_toplevel_target_context"))
+    return built, bool(numba_parallel._is_initialized)
+
+
+def test_ranks_start_with_numbas_compiler_set_up_and_no_thread_pool():
+    """The fork server built numba's typing and target contexts (kernels/numba_warm.py), so a
+    rank does not build them again, and started no threading layer, so forking stayed safe."""
+    assert spawn(compiler_state, 2, timeout_s=60) == [(True, False), (True, False)]
+
+
 def test_ranks_take_the_environment_and_folder_of_the_call(tmp_path, monkeypatch):
     spawn(report, 1, timeout_s=60)  # the server exists before the settings change
     monkeypatch.setenv("GNNPAR_TEST_SETTING", "after the server started")

@@ -55,9 +55,11 @@ from gnnpar.launcher.scratch import make_scratch_dir, remove_stale_scratch_dirs
 
 #: imported once by the fork server; ``__main__``: the launching script, as ``spawn`` would
 #: import it (a rank body defined there stays importable); ``numba``, which ranks import for
-#: their kernels (a fifth of a second each), only imported: no kernel is loaded and its thread
-#: pool does not start until a rank's first parallel call
-PRELOAD = ("__main__", "torch", "numba", "gnnpar.launcher.rank_start", "gnnpar.launcher.launch")
+#: their kernels (a fifth of a second each), and its compiler's contexts
+#: (:mod:`gnnpar.kernels.numba_warm`, half a second), set up only: no kernel is loaded and
+#: its thread pool does not start until a rank's first parallel call
+PRELOAD = ("__main__", "torch", "numba", "gnnpar.kernels.numba_warm",
+           "gnnpar.launcher.rank_start", "gnnpar.launcher.launch")
 #: imported too by a server whose first ranks train with torch's optimiser (``dynamo=True``)
 DYNAMO = "torch._dynamo"
 SERVER_PREFIX = "gnnpar-forkserver-"
