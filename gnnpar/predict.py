@@ -141,11 +141,13 @@ def check(args) -> Tuple[RunSpec, PredictJob]:
     if args.batch_size is not None:
         check_layerwise(model)
     spec = _spec(args, payload)
-    f_in, classes, shards = _shard_widths(spec.partition_dir)
+    folder = spec.parallel.partition_dir
+    f_in, classes, shards = _shard_widths(folder)
     if shards:
-        check_widths(payload, f_in, classes, f"--partition-dir {spec.partition_dir}", where)
+        check_widths(payload, f_in, classes, f"--partition-dir {folder}", where)
     check_out(args.out)
-    for what, path, folder in _inputs(spec) + [(where, args.model_file, False)]:
+    inputs = _inputs(spec.flags("data", "parallel", "checkpoint"))
+    for what, path, folder in inputs + [(where, args.model_file, False)]:
         how = _overlaps(args.out, path, folder)
         if how:
             raise InputError(f"--out {args.out} would {how} {what}; give another folder")
@@ -177,7 +179,7 @@ def _check_link(args, link: bool, embeddings: bool, where: str) -> None:
 def run(args) -> int:
     spec, job = check(args)
     content = launch(spec, functools.partial(predict_rank, job))
-    if not spec.quiet:
+    if not spec.output.quiet:
         acc = " ".join(f"{k}_acc={v:.4f}" for k, v in content.get("accuracy", {}).items())
         shapes = " ".join(f"{k}={tuple(v['shape'])}" for k, v in content["files"].items())
         print(f"gnnpar-predict: {shapes} {acc}".rstrip(), file=sys.stderr)

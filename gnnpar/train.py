@@ -35,13 +35,13 @@ def run(args) -> int:
 
 def _finish(final: dict, spec: RunSpec) -> int:
     """Print the final metrics; the exit code: 0, or EXIT_DIVERGED with one line saying so."""
-    _print_final(final, spec.quiet)
+    _print_final(final, spec.output.quiet)
     epoch = final.get("diverged_epoch")
     if epoch is None:
         return 0
-    skipped = [what for given, what in ((spec.save_model, "--save-model not written"),
-                                        (spec.checkpoint_dir, "that epoch not checkpointed"))
-               if given]
+    skipped = [what for given, what in (
+        (spec.output.save_model, "--save-model not written"),
+        (spec.checkpoint.checkpoint_dir, "that epoch not checkpointed")) if given]
     print(f"gnnpar-train: training diverged at epoch {epoch} (loss {final.get('loss')}); "
           f"stopped{''.join(', ' + w for w in skipped)}; lower --lr or scale the input features",
           file=sys.stderr)

@@ -92,7 +92,7 @@ def pyg_step(model, opt, x, edges, split, n, ratio, seed, epoch) -> float:
 
 def graph_and_split(dataset: str, seed: int):
     """The training graph (held-out edges out) and the split gnnpar-train makes for ``seed``."""
-    g = load_graph(RunSpec(task="link", dataset=dataset, seed=seed, reorder="none"))
+    g = load_graph(RunSpec.of(task="link", dataset=dataset, seed=seed, reorder="none"))
     return g, g.meta["link_split"]
 
 
@@ -168,7 +168,7 @@ def speed(args) -> dict:
     g, split = graph_and_split(args.dataset, args.seed)
     n = g.num_nodes
     cfg = TrainConfig(weight_decay=default_weight_decay("link"))
-    spec = RunSpec(task="link", dataset=args.dataset, seed=args.seed, reorder="none")
+    spec = RunSpec.of(task="link", dataset=args.dataset, seed=args.seed, reorder="none")
     torch.manual_seed(args.seed)
     encoder = build_model("gcn", g.num_features, args.hidden, args.hidden, 2, args.dropout)
     decoder = DotDecoder()

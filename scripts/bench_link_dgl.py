@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gnnpar-link-dgl-") as tmp:
         npz = os.path.join(tmp, "graph.npz")
-        spec = RunSpec(task="link", dataset=args.dataset, seed=args.seed, reorder="none",
+        spec = RunSpec.of(task="link", dataset=args.dataset, seed=args.seed, reorder="none",
                        cache_dir=os.path.join(tmp, "cache"))
         sizes = export(npz, spec)
         print(f"{args.dataset}: training graph {sizes}", flush=True)

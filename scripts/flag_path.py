@@ -2,11 +2,11 @@
 from the command line to the algorithm's builder.
 
 Runs gnnpar-train's ``main`` in this process as rank 0 of a world of one (the environment
-torchrun gives a rank), traces every call into the checkout's own files, and counts a call as
-a step of the path when one of its arguments is the value or carries it: the string itself,
-an object or dict whose ``algo`` is it, or the registry entry it names. Tracing stops at the
-first call of that entry's ``build``. It prints the steps in order, then the number of steps,
-of distinct functions and of files.
+torchrun gives a rank), traces every call into the checkout's own files, and counts a call as a
+step of the path when one of its arguments is the value or carries it: the string itself, an
+object or dict whose ``algo`` is it (or a section of it, as the run spec's ``parallel``), or
+the registry entry it names. Tracing stops at the first call of that entry's ``build``. It
+prints the steps in order, then the number of steps, of distinct functions and of files.
 
     python scripts/flag_path.py                          # the installed checkout
     python scripts/flag_path.py --root /tmp/old-checkout # another commit's tree, same method
@@ -31,7 +31,10 @@ def _carries(value, algo: str, entry) -> bool:
     if isinstance(value, dict):
         return value.get("algo") == algo
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return getattr(value, "algo", None) == algo
+        # the run spec carries it in a section (``spec.parallel.algo``)
+        return getattr(value, "algo", None) == algo or any(
+            dataclasses.is_dataclass(v) and _carries(v, algo, entry)
+            for v in (getattr(value, f.name) for f in dataclasses.fields(value)))
     fields = getattr(value, "__dict__", None)
     return isinstance(fields, dict) and fields.get("algo") == algo
 

@@ -240,16 +240,17 @@ def minibatch(a) -> int:
     if a.cache_dir:
         flags += ["--cache-dir", a.cache_dir]
     spec = RunSpec.from_args(build_parser().parse_args(flags))
-    device = torch.device(spec.device)
+    device = torch.device(spec.train.device)
     t0 = time.perf_counter()
     g = load_graph(spec)
-    torch.manual_seed(spec.seed)
-    model = build_model(spec.model, g.num_features, spec.hidden, g.num_classes, spec.layers,
-                        spec.dropout).to(device)
+    torch.manual_seed(spec.train.seed)
+    m = spec.model
+    model = build_model(m.model, g.num_features, m.hidden, g.num_classes, m.layers,
+                        m.dropout).to(device)
     parts = serial_parts(spec, g, model.norm, device, sampler_input_dropout(model, device))
     service, engine = parts.service, parts.engine
     service.cfg = dataclasses.replace(service.cfg, inline=True)  # sampled by this thread
-    opt = make_optimizer(model, TrainConfig(precision=spec.precision))
+    opt = make_optimizer(model, TrainConfig(precision=spec.train.precision))
     print(f"{g.summary()}  {a.device} {a.precision}  set up in {time.perf_counter() - t0:.1f} s",
           flush=True)
 
@@ -294,9 +295,9 @@ def minibatch(a) -> int:
         loss = 0.0
         for b in batches:
             if clock is None:
-                loss += float(mb_train_step(model, opt, engine, b, count, spec.precision))
+                loss += float(mb_train_step(model, opt, engine, b, count, spec.train.precision))
             else:
-                loss += float(step_phases(model, opt, engine, b, count, spec.precision, clock))
+                loss += float(step_phases(model, opt, engine, b, count, spec.train.precision, clock))
         sync(device)
         return loss
 
@@ -320,7 +321,7 @@ def minibatch(a) -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(a.epochs):
             for b in batches:
-                mb_train_step(model, opt, engine, b, count, spec.precision)
+                mb_train_step(model, opt, engine, b, count, spec.train.precision)
     per = a.epochs * n
     kinds, own = {}, {}
     for e in prof.events():
@@ -339,8 +340,8 @@ def minibatch(a) -> int:
         print(f"{ms:9.3f} {k:<9} {name[:90]}")
     service.close()
     print(json.dumps({"mode": "minibatch", "dataset": a.dataset, "device": a.device,
-                      "precision": a.precision, "threads": a.threads, "model": spec.model,
-                      "fanouts": list(spec.fanouts), "batch_size": spec.batch_size,
+                      "precision": a.precision, "threads": a.threads, "model": spec.model.model,
+                      "fanouts": list(spec.batch.fanouts), "batch_size": spec.batch.batch_size,
                       "batches": n, "blocks": shapes, "sampler_ms": sampler_ms,
                       "operators_ms": ops_ms, "step_ms": step_ms, "phases_ms": phases,
                       "profiled_ms": total, "by_kind_ms": kinds}))

@@ -70,7 +70,7 @@ def predict_all(rank: int, world: int, out_root: str) -> list:
     shard = build_shard(g, partition_graph(g, world, "metis", seed=3), rank,
                         norms=("gcn", "mean"))
     shard.meta["vertex_order"] = g.meta["vertex_order"]  # as a shard folder keeps it
-    spec = RunSpec(quiet=True)
+    spec = RunSpec.of(quiet=True)
     done = []
     for label, algo, dims, replication, kw in cases(world):
         grid = make_grid(algo, world, dims, replication)

@@ -12,7 +12,7 @@ from gnnpar.partitioners.shards import load_shard
 from gnnpar.training.minibatch_loop import DataParallel
 from gnnpar.training.serial import SerialRuntime
 from gnnpar.launcher.spawn import SpawnError, spawn
-from gnnpar.cli.spec import RunSpec
+from gnnpar.cli.spec import SECTION_OF, SECTIONS, RunSpec
 
 from .graphs import random_graph
 
@@ -20,14 +20,30 @@ from .graphs import random_graph
 def test_run_spec_defaults_are_the_parsers():
     parsed = vars(build_parser().parse_args([]))
     spec = RunSpec()
-    for f in dataclasses.fields(RunSpec):
+    for name, section in SECTION_OF.items():
         # the device is resolved, never "auto"; the weight decay by task (below)
-        if f.name in parsed and f.name not in ("device", "weight_decay"):
-            assert getattr(spec, f.name) == parsed[f.name], f.name
+        if name in parsed and name not in ("device", "weight_decay"):
+            assert getattr(getattr(spec, section), name) == parsed[name], name
     assert parsed["weight_decay"] is None
-    assert spec.weight_decay == 5e-4 and RunSpec(task="link").weight_decay == 0.0
-    assert RunSpec(task="link", weight_decay=1e-3).weight_decay == 1e-3
-    assert set(parsed) <= {f.name for f in dataclasses.fields(RunSpec)}  # every flag has a field
+    assert spec.train.weight_decay == 5e-4 and RunSpec.of(task="link").train.weight_decay == 0.0
+    assert RunSpec.of(task="link", weight_decay=1e-3).train.weight_decay == 1e-3
+    assert set(parsed) <= set(SECTION_OF)  # every flag has a field
+
+
+def test_run_spec_sections_are_the_help_groups():
+    """One section per ``gnnpar-train --help`` group, holding that group's flags, so a reader's
+    ``spec.<section>.<flag>`` names the group the flag is documented in."""
+    titles = {"data": "data", "model": "model", "train": "training", "output": "output",
+              "link": "link prediction", "parallel": "distributed full-batch",
+              "batch": "mini-batch training (--mode minibatch)", "checkpoint": "checkpoints"}
+    groups = {g.title: {a.dest for a in g._group_actions}
+              for g in build_parser()._action_groups}
+    assert list(titles) == list(SECTIONS)
+    for name, cls in SECTIONS.items():
+        derived = {"grid_dims"} if name == "parallel" else set()
+        assert {f.name for f in dataclasses.fields(cls)} - derived == groups[titles[name]], name
+    with pytest.raises(TypeError, match="no flag grid_dims, nosuch"):
+        RunSpec.of(nosuch=1, grid_dims=(2, 2))
 
 
 def test_run_spec_is_frozen_and_resolved_once():
@@ -35,12 +51,12 @@ def test_run_spec_is_frozen_and_resolved_once():
                                       "--mode", "minibatch", "--fanouts", "5,3",
                                       "--batch-size", "8", "--group-size", "4"])
     spec = RunSpec.from_args(args)
-    assert spec.device in ("cpu", "cuda") and spec.grid_dims == (2, 2)
-    assert spec.fanouts == (5, 3)
+    assert spec.train.device in ("cpu", "cuda") and spec.parallel.grid_dims == (2, 2)
+    assert spec.batch.fanouts == (5, 3)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        spec.algo = "1d"
+        spec.parallel.algo = "1d"
     moved = spec.evolve(grid="4x1")
-    assert (moved.grid_dims, spec.grid_dims) == ((4, 1), (2, 2))
+    assert (moved.parallel.grid_dims, spec.parallel.grid_dims) == ((4, 1), (2, 2))
     assert spec.grid_shape(4) == {"row": 2, "col": 2}
     with pytest.raises(InputError, match="gives 4 ranks but the world size is 3"):
         spec.grid_shape(3)

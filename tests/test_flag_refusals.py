@@ -12,6 +12,7 @@ import gnnpar.training.shard_source
 from gnnpar.cli.options import algo_only, build_parser, check_args
 from gnnpar.sampling.options import MINIBATCH_FLAGS, add_minibatch_args
 from gnnpar.train import main
+from gnnpar.cli.spec import RunSpec
 
 TINY = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02"
 MB = ["--mode", "minibatch", "--fanouts", "5,5", "--batch-size", "8"]
@@ -178,6 +179,6 @@ def test_partitioner_other_than_the_shards_is_refused(block_shards, no_work, cap
 
 
 def test_partitioner_of_the_shards_is_accepted(block_shards):
-    spec = argparse.Namespace(partition_dir=block_shards, reorder="none")
-    gnnpar.training.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner="block"))
-    gnnpar.training.shard_source.check_shard_flags(argparse.Namespace(**vars(spec), partitioner=None))
+    spec = RunSpec.of(partition_dir=block_shards, reorder="none")
+    gnnpar.training.shard_source.check_shard_flags(spec.evolve(partitioner="block"))
+    gnnpar.training.shard_source.check_shard_flags(spec.evolve(partitioner=None))

@@ -17,6 +17,7 @@ import torch
 from gnnpar.kernels.bipartite import block_shard, dst_first_owner
 from gnnpar.nn.models import GNN
 from gnnpar.cli.options import build_parser
+from gnnpar.cli.spec import RunSpec
 from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
@@ -30,8 +31,8 @@ from .cli_util import run_train as run_cli
 GRAPH = dict(n=120, avg_deg=4, f=6, classes=3, seed=9)
 
 
-def cli_args(*argv):
-    return build_parser().parse_args(["--mode", "minibatch", *argv])
+def cli_spec(*argv) -> RunSpec:
+    return RunSpec.from_args(build_parser().parse_args(["--mode", "minibatch", *argv]))
 
 
 def rel_err(a, b) -> float:
@@ -115,7 +116,7 @@ def grouped_body(rank, world, cases, uneven):
     shard = build_shard(graph, part, rank)
     res = {}
     for label, kind, layers, argv in cases:
-        args = cli_args("--batch-size", "16", "--macrobatch", "2", "--layers", str(layers),
+        args = cli_spec("--batch-size", "16", "--macrobatch", "2", "--layers", str(layers),
                         *argv)
         torch.manual_seed(0)
         model = GNN(kind, 6, 8, 3, layers, dropout=0.0)

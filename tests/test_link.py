@@ -211,7 +211,7 @@ def test_a_dataset_split_is_read_as_given(tmp_path):
     _, split = split_edges(g, (0.6, 0.2, 0.2), seed=9)
     path = tmp_path / "own.npz"
     write_npz_split(path, g, split, drop=("val_neg",))
-    loaded = load_graph(RunSpec(task="link", dataset=f"npz:{path}", reorder="none"))
+    loaded = load_graph(RunSpec.of(task="link", dataset=f"npz:{path}", reorder="none"))
     got = loaded.meta["link_split"]
     assert np.array_equal(got.train_pos, split.train_pos)
     assert np.array_equal(got.test_neg, split.test_neg)  # given: kept
@@ -222,7 +222,7 @@ def test_a_dataset_split_is_read_as_given(tmp_path):
     assert not kept & (keys_of(split.val_pos, 200) | keys_of(split.test_pos, 200))
     assert kept == keys_of(split.train_pos, 200)
     with pytest.raises(InputError, match="own split"):
-        load_graph(RunSpec(task="link", dataset=f"npz:{path}", link_split="0.5,0.25,0.25"))
+        load_graph(RunSpec.of(task="link", dataset=f"npz:{path}", link_split="0.5,0.25,0.25"))
 
 
 def test_a_dataset_split_with_bad_ids_is_refused(tmp_path):
@@ -235,4 +235,4 @@ def test_a_dataset_split_with_bad_ids_is_refused(tmp_path):
     path = tmp_path / "bad.npz"
     write_npz_split(path, g, split.__class__(**{**vars(split), "test_pos": bad}))
     with pytest.raises(InputError, match="test_pos has vertex id 50, out of range for 50"):
-        load_graph(RunSpec(task="link", dataset=f"npz:{path}"))
+        load_graph(RunSpec.of(task="link", dataset=f"npz:{path}"))

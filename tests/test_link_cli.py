@@ -85,7 +85,7 @@ def test_saved_link_model_loads_with_its_decoder(tmp_path):
           "--log-json", "log.jsonl")
     model = gnnpar.load_model(str(tmp_path / "link.pt"))
     assert isinstance(model.decoder, torch.nn.Module)
-    g = load_graph(RunSpec(task="link", dataset=DATA, reorder="none"))
+    g = load_graph(RunSpec.of(task="link", dataset=DATA, reorder="none"))
     split = g.meta["link_split"]
     z = gnnpar.predict(model, g)  # the output rows: the embeddings pairs are scored on
     with torch.no_grad():

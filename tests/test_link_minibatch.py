@@ -22,6 +22,7 @@ from gnnpar.link.minibatch import LinkPlan, link_minibatch_step, rank_positives
 from gnnpar.link.split import split_edges
 from gnnpar.nn.models import GNN
 from gnnpar.cli.options import build_parser
+from gnnpar.cli.spec import RunSpec
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
@@ -54,8 +55,9 @@ def test_plan_visits_every_positive_once_with_its_negatives():
     assert np.array_equal(rank_positives(10, 3, 1), [1, 4, 7])
 
 
-def _args(*argv):
-    return build_parser().parse_args(["--task", "link", "--mode", "minibatch", *argv])
+def _spec(*argv) -> RunSpec:
+    return RunSpec.from_args(build_parser().parse_args(["--task", "link", "--mode", "minibatch",
+                                                        *argv]))
 
 
 def _graph():
@@ -67,7 +69,7 @@ def step_body(rank, world, kind, layout=()):
     graph, split = _graph()
     shard = build_shard(graph, partition_graph(graph, world, "random", seed=1), rank)
     shard.meta["link_split"] = split
-    args = _args("--fanouts", "4,3", "--batch-size", "9", "--neg-ratio", "2",
+    args = _spec("--fanouts", "4,3", "--batch-size", "9", "--neg-ratio", "2",
                  "--macrobatch", "2", "--prefetch", "1", *layout)
     plan = lambda stream, w: LinkPlan(split.train_pos, w, stream, 9, 0, 2,  # noqa: E731
                                       graph.num_nodes)

@@ -13,6 +13,7 @@ import torch
 from gnnpar.datasets import DEFAULT_SPEC, load_dataset
 from gnnpar.nn.models import GNN
 from gnnpar.cli.options import build_parser
+from gnnpar.cli.spec import RunSpec
 from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
@@ -32,6 +33,11 @@ def cli_args(*argv):
     return build_parser().parse_args(["--mode", "minibatch", *argv])
 
 
+def cli_spec(*argv) -> RunSpec:
+    """:func:`cli_args` as the run spec a rank reads."""
+    return RunSpec.from_args(cli_args(*argv))
+
+
 def uneven_partition(graph, ratio=3):
     """Two parts; part 0 owns ``ratio`` times as many training nodes as part 1 (all of them
     when ``ratio`` is None)."""
@@ -47,7 +53,7 @@ def uneven_partition(graph, ratio=3):
 def accuracy_body(rank, world, kind, epochs, extra):
     graph = load_dataset(DEFAULT_SPEC)
     shard = build_shard(graph, partition_graph(graph, world, "metis", seed=0), rank)
-    args = cli_args("--fanouts", "10,10", "--batch-size", "128", "--macrobatch", "2",
+    args = cli_spec("--fanouts", "10,10", "--batch-size", "128", "--macrobatch", "2",
                     "--cache-frac", "0.05", *extra)
     torch.manual_seed(0)
     model = GNN(kind, graph.num_features, 64, graph.num_classes, 2, 0.5)
@@ -82,7 +88,7 @@ def test_minibatch_accuracy_within_two_points_of_full_batch(kind, extra, world):
 def uneven_body(rank, world, kind, ratio):
     graph = random_graph(n=120, avg_deg=4, f=6, classes=3, seed=9)
     shard = build_shard(graph, uneven_partition(graph, ratio), rank)
-    args = cli_args("--fanouts=-1,-1", "--batch-size", "16", "--macrobatch", "2",
+    args = cli_spec("--fanouts=-1,-1", "--batch-size", "16", "--macrobatch", "2",
                     "--sampler-workers", "2", "--prefetch", "1")
     torch.manual_seed(0)
     model = GNN(kind, 6, 8, 3, 2, dropout=0.0)
@@ -174,7 +180,7 @@ def test_partitioned_structure_samples_the_same_blocks(replace):
 def bytes_body(rank, world, macro, cache_frac):
     graph = random_graph(n=400, avg_deg=5, f=12, classes=3, seed=4)
     shard = build_shard(graph, partition_graph(graph, world, "random", seed=1), rank)
-    args = cli_args("--fanouts", "3,2", "--batch-size", "20", "--macrobatch", str(macro),
+    args = cli_spec("--fanouts", "3,2", "--batch-size", "20", "--macrobatch", str(macro),
                     "--cache-frac", str(cache_frac), "--sampler-workers", "2")
     service, _, _, _ = build_rank(rank, world, shard, args, "gcn", "cpu")
     unions, stats = [], SamplingStats()

@@ -355,7 +355,7 @@ def test_spawned_ranks_get_threads(monkeypatch):
     monkeypatch.setattr(launch, "spawn", fake_spawn)
     monkeypatch.setattr(launch, "prepare_shards", lambda *a, **k: (None, False))
     from gnnpar.cli.spec import RunSpec
-    launch._spawn_local(RunSpec(mode="minibatch", nprocs=2, threads=3, fanouts=(2,),
+    launch._spawn_local(RunSpec.of(mode="minibatch", nprocs=2, threads=3, fanouts=(2,),
                                 batch_size=4, layers=1))
     assert seen["threads"] == 3
 

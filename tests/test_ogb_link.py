@@ -80,7 +80,7 @@ def test_link_folder_split_read_as_given(tmp_path, layout, as_tensors):
     spec = f"ogb:{tmp_path / 'ogbl'}"
     g = load_dataset(spec)
     assert g.meta["task"] == "link" and g.num_classes == 1 and g.num_nodes == N
-    loaded = load_graph(RunSpec(task="link", dataset=spec, reorder="none"))
+    loaded = load_graph(RunSpec.of(task="link", dataset=spec, reorder="none"))
     got = loaded.meta["link_split"]
     assert np.array_equal(got.train_pos, train.T) and np.array_equal(got.test_pos, test.T)
     assert np.array_equal(got.val_pos, val.T)
@@ -106,7 +106,7 @@ def test_link_folder_with_held_out_edges_in_raw_keeps_them_out(tmp_path):
     train, val, test = write_link_folder(root)
     every = np.concatenate([train, val, test])
     _gz(f"{root}/raw/edge.csv.gz", [f"{u},{v}" for u, v in every])
-    loaded = load_graph(RunSpec(task="link", dataset=f"ogb:{root}", reorder="none"))
+    loaded = load_graph(RunSpec.of(task="link", dataset=f"ogb:{root}", reorder="none"))
     assert set(undirected_edges(loaded).tolist()) == _keys(train.T)
 
 

@@ -18,7 +18,7 @@ from gnnpar.launcher.spawn import spawn
 from gnnpar.training.trainer import TrainConfig
 
 from .graphs import random_graph
-from .test_minibatch import cli_args, uneven_partition
+from .test_minibatch import cli_args, cli_spec, uneven_partition
 
 
 def _same_block(ref, got):
@@ -142,7 +142,7 @@ def _dp_body(rank, world, extra):
     from gnnpar.training.minibatch_setup import build_rank
     graph = random_graph(240, 8, seed=4)
     shard = build_shard(graph, uneven_partition(graph), rank)
-    args = cli_args("--fanouts", "4,3", "--batch-size", "24", "--cache-frac", "0.1",
+    args = cli_spec("--fanouts", "4,3", "--batch-size", "24", "--cache-frac", "0.1",
                     "--sample-on", "device", "--quiet", *extra)
     torch.manual_seed(0)
     model = GNN("gcn", graph.num_features, 16, graph.num_classes, 2, 0.0)
@@ -210,7 +210,7 @@ def test_pipeline_defaults_of_a_cpu_run(flags, device, expect):
     from gnnpar.cli.spec import RunSpec
     spec = RunSpec.from_args(cli_args("--fanouts", "5,5", "--batch-size", "8", "--device",
                                       device, *flags))
-    assert (spec.macrobatch, spec.prefetch) == expect
+    assert (spec.batch.macrobatch, spec.batch.prefetch) == expect
     placement = resolve_placement("auto", "auto", torch.device("cpu"), replicated=True,
                                   grouped=False, feature_bytes=1, topo_bytes=1)
     cfg = _service_cfg(spec, "cpu", placement)

@@ -106,10 +106,10 @@ def test_auto_reads_the_calibration_from_the_run_spec(tmp_path, monkeypatch):
     spec = RunSpec.from_args(build_parser().parse_args(["--algo", "auto", "--calibration",
                                                         str(path)]))
     assert CALIBRATION_ENV not in os.environ
-    assert machine_from(spec) == Machine(**SLOW)
-    assert machine_from(RunSpec(algo="auto")) == Machine()
+    assert machine_from(spec.settings()) == Machine(**SLOW)
+    assert machine_from(RunSpec.of(algo="auto").settings()) == Machine()
     monkeypatch.setenv(CALIBRATION_ENV, str(path))
-    assert machine_from(RunSpec(algo="auto")) == Machine(**SLOW)
+    assert machine_from(RunSpec.of(algo="auto").settings()) == Machine(**SLOW)
 
 
 def test_calibrate_probe_writes_a_usable_file(tmp_path, capsys):
@@ -172,16 +172,16 @@ def test_auto_models_the_partition_the_run_uses():
     from gnnpar.partitioners import partition_graph
     from gnnpar.cli.plan_cli import plan
     from gnnpar.training.shard_source import load_graph
-    spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=3, partitioner="random",
+    spec = RunSpec.of(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=3, partitioner="random",
                    seed=4, quiet=True)
     chosen, graph, part = choose_algorithm(spec, 3, exact=True)
     want = partition_graph(graph, 3, "random", seed=4)
     assert (part.owner == want.owner).all()
     g = load_graph(spec)
-    rows = plan(g.num_nodes, g.num_edges + g.num_nodes, g.num_features, spec.hidden,
-                g.num_classes, spec.layers, 3, spec.model, spec,
+    rows = plan(g.num_nodes, g.num_edges + g.num_nodes, g.num_features, spec.model.hidden,
+                g.num_classes, spec.model.layers, 3, spec.model.model, spec.settings(),
                 structure=Structure.from_graph(g, want.owner, 3))
-    assert chosen.algo == rows[0]["algo"]
+    assert chosen.parallel.algo == rows[0]["algo"]
     _, _, none = choose_algorithm(spec, 3)  # a launcher's ranks partition on their own
     assert none is None
 
@@ -195,14 +195,15 @@ def test_auto_models_the_runs_blocks_and_wire():
     from gnnpar.launcher.launch import choose_algorithm
     from gnnpar.cli.plan_cli import plan
     from gnnpar.training.shard_source import load_graph, run_partition
-    spec = RunSpec(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=4, partitioner="metis",
+    spec = RunSpec.of(dataset="rmat:scale=9,ef=8", algo="auto", nprocs=4, partitioner="metis",
                    seed=4, quiet=True)
     g = load_graph(spec)
     s = Structure.from_graph(g, run_partition(spec, g, 4).owner, 4)
 
     def rows(**flags):
-        out = plan(g.num_nodes, g.num_edges + g.num_nodes, g.num_features, spec.hidden,
-                   g.num_classes, spec.layers, 4, spec.model, spec.evolve(**flags), structure=s)
+        out = plan(g.num_nodes, g.num_edges + g.num_nodes, g.num_features, spec.model.hidden,
+                   g.num_classes, spec.model.layers, 4, spec.model.model,
+                   spec.evolve(**flags).settings(), structure=s)
         return {(r["algo"], r["grid"], r["variant"]): r["comm_bytes_max_rank"] for r in out}, out
     fp32, _ = rows()
     bf16, ranked = rows(comm_dtype="bf16")
@@ -218,7 +219,8 @@ def test_auto_models_the_runs_blocks_and_wire():
     for algo in ("2d", "3d"):  # (2d bcast moves what the block sizes say, whatever the seed)
         assert any(seed[k] != fp32[k] for k in fp32 if k[0] == algo), algo
     chosen, _, _ = choose_algorithm(spec.evolve(comm_dtype="bf16"), 4, exact=True)
-    assert chosen.algo == ranked[0]["algo"] and chosen.grid in (None, ranked[0]["grid"])
+    assert chosen.parallel.algo == ranked[0]["algo"]
+    assert chosen.parallel.grid in (None, ranked[0]["grid"])
 
 
 def test_plan_for_gat_ranks_the_algorithms_that_run_it_with_its_exchanges(capsys):

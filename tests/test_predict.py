@@ -88,7 +88,7 @@ def test_library_predict_in_dataset_order(tmp_path):
     g, g_reordered = graph()
     m = model("sage")
     path = str(tmp_path / "m.pt")
-    write_model_file(path, model_payload(m, RunSpec(model="sage", hidden=8, layers=3),
+    write_model_file(path, model_payload(m, RunSpec.of(model="sage", hidden=8, layers=3),
                                          {"f_in": g.num_features, "f_out": g.num_classes}))
     loaded = gnnpar.load_model(path)
     ref, emb = reference("sage")

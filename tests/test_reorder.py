@@ -93,11 +93,11 @@ def test_auto_order_is_degree_only_for_a_single_process_full_batch_run(tmp_path)
     from gnnpar.training.shard_source import resolve_reorder, vertex_order
     from gnnpar.cli.spec import RunSpec
     spec = RunSpec()
-    assert spec.reorder == "auto" and vertex_order(spec) == "none"  # unsettled: as given
-    assert resolve_reorder(spec, True).reorder == "degree"
-    assert resolve_reorder(spec, False).reorder == "none"  # mini batch, distributed
-    assert resolve_reorder(spec.evolve(reorder="rcm"), False).reorder == "rcm"
+    assert spec.data.reorder == "auto" and vertex_order(spec) == "none"  # unsettled: as given
+    assert resolve_reorder(spec, True).data.reorder == "degree"
+    assert resolve_reorder(spec, False).data.reorder == "none"  # mini batch, distributed
+    assert resolve_reorder(spec.evolve(reorder="rcm"), False).data.reorder == "rcm"
     shards = tmp_path / "s"
     shards.mkdir()
     (shards / "meta.json").write_text("{}")
-    assert resolve_reorder(spec.evolve(partition_dir=str(shards)), True).reorder == "none"
+    assert resolve_reorder(spec.evolve(partition_dir=str(shards)), True).data.reorder == "none"

@@ -26,7 +26,7 @@ TRAIN = os.path.join(os.path.dirname(sys.executable), "gnnpar-train")
 
 
 def _spec(model, **kw):
-    return RunSpec(model=model, layers=kw.get("layers", 2), hidden=16, dropout=0.3,
+    return RunSpec.of(model=model, layers=kw.get("layers", 2), hidden=16, dropout=0.3,
                    heads=kw.get("heads"))
 
 

@@ -29,7 +29,7 @@ ROUNDS = 24
 
 
 def _args(out):
-    return RunSpec(dataset=SPEC, partition_dir=out, quiet=True, partitioner="block", seed=0,
+    return RunSpec.of(dataset=SPEC, partition_dir=out, quiet=True, partitioner="block", seed=0,
                    reorder="none")
 
 

@@ -204,7 +204,7 @@ def test_train_partition_dir_with_user_files_exits_2(tmp_path):
 # ------------------------------------------------------------------ item 4: --dataset vs shards
 def _args(**kw):
     from gnnpar.cli.spec import RunSpec
-    return RunSpec(**kw)
+    return RunSpec.of(**kw)
 
 
 def test_partition_dir_must_hold_the_given_dataset(shards, monkeypatch):
@@ -213,7 +213,7 @@ def test_partition_dir_must_hold_the_given_dataset(shards, monkeypatch):
     assert meta["source"]["spec"] == SPEC
     loads = []
     real = shard_source.load_graph
-    monkeypatch.setattr(shard_source, "load_graph", lambda a: loads.append(a.dataset) or real(a))
+    monkeypatch.setattr(shard_source, "load_graph", lambda a: loads.append(a.data.dataset) or real(a))
     shard_source.check_shards_dataset(_args(), str(shards))                  # no --dataset: as is
     shard_source.check_shards_dataset(_args(dataset=SPEC), str(shards))      # same: cheap
     # the same graph written differently: keys in another order, defaults spelt out

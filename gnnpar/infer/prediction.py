@@ -105,7 +105,7 @@ def predict_rank(job: PredictJob, spec, rank: int = 0, world: int = 1, source=No
     where = f"model file {job.model_file}"
     payload = read_model_file(job.model_file)
     model = model_from_payload(payload, where).to(device)
-    lead = rank == 0 and not spec.quiet
+    lead = rank == 0 and not spec.output.quiet
     data = load_graph(spec) if source is None else load_rank_shard(rank, world, spec, source)
     if isinstance(data, Graph):
         check_widths(payload, data.num_features, data.num_classes, "the dataset", where)
@@ -126,11 +126,12 @@ def predict_rank(job: PredictJob, spec, rank: int = 0, world: int = 1, source=No
 
 def outputs_meta(spec, model_name: str, model_file: Optional[str]) -> dict:
     """What ``predict.json`` says of the run's inputs."""
+    shards = spec.parallel.partition_dir
     return {"model": model_name,
             "model_file": os.path.abspath(model_file) if model_file else None,
-            "dataset": spec.dataset or (None if spec.partition_dir else DEFAULT_SPEC),
-            "partition_dir": (os.path.abspath(spec.partition_dir) if spec.partition_dir
-                              else None), "reorder": vertex_order(spec)}
+            "dataset": spec.data.dataset or (None if shards else DEFAULT_SPEC),
+            "partition_dir": os.path.abspath(shards) if shards else None,
+            "reorder": vertex_order(spec)}
 
 
 def hidden_layers(model) -> bool:
@@ -146,17 +147,17 @@ def predict_rows(model, rows, data, spec, job: PredictJob, rank: int, world: int
     rows came from (for the dataset's vertex order)."""
     link = getattr(model, "decoder", None) is not None
     layer = embeddings_layer(model, job.embeddings_layer) if job.embeddings else None
-    lead = rank == 0 and not spec.quiet
+    lead = rank == 0 and not spec.output.quiet
     if lead:
         how = (f"layer-wise in chunks of {job.batch_size} rows" if job.batch_size
                else "full batch")
         print(f"{job.prog}: inference over {data_rows(data):,} vertices, {how}, "
               f"{world} rank{'s' if world > 1 else ''}", file=sys.stderr, flush=True)
     if job.batch_size:
-        logits, emb = layerwise(model, rows.structure, rows.x, job.batch_size, spec.precision,
+        logits, emb = layerwise(model, rows.structure, rows.x, job.batch_size, spec.train.precision,
                                 layer, rows.gather)
     else:
-        logits, emb = forward_rows(model, rows, spec.precision, layer)
+        logits, emb = forward_rows(model, rows, spec.train.precision, layer)
     accuracy = {} if link else _accuracy(logits, rows)
     # a link model's output rows are its node embeddings (what its decoder scores)
     arrays = {"embeddings": logits} if link else {"predictions": logits}
@@ -164,10 +165,10 @@ def predict_rows(model, rows, data, spec, job: PredictJob, rank: int, world: int
         arrays["embeddings"] = emb
     ids = dataset_ids(data, rows.global_ids)
     peaks = gather_ints([local_peak_bytes(logits.device)], rank, world, rows.all_reduce_sum)
-    info = {**meta, "algo": "1d-halo" if job.batch_size and world > 1 else spec.algo,
+    info = {**meta, "algo": "1d-halo" if job.batch_size and world > 1 else spec.parallel.algo,
             "world_size": world,
             "inference": "layer-wise" if job.batch_size else "full-batch",
-            "batch_size": job.batch_size, "precision": spec.precision,
+            "batch_size": job.batch_size, "precision": spec.train.precision,
             "task": "link" if link else "node", "pairs": job.pairs,
             "embeddings_layer": layer, "accuracy": accuracy,
             # each rank's peak (resident set, or CUDA allocator) when inference was done

@@ -46,18 +46,19 @@ def model_payload(model: nn.Module, spec, shapes: Dict[str, int]) -> dict:
     decoder (:func:`gnnpar.link.loop.link_modules`)."""
     if isinstance(model, nn.ModuleDict) and "decoder" in model:
         return {**model_payload(model["encoder"], spec, shapes), "task": "link",
-                "decoder": spec.decoder,
+                "decoder": spec.link.decoder,
                 "decoder_state": {k: v.detach().cpu()
                                   for k, v in model["decoder"].state_dict().items()}}
+    m = spec.model
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION,
-               "model": spec.model, "layers": int(spec.layers), "hidden": int(spec.hidden),
-               "dropout": float(spec.dropout), "norm": str(getattr(model, "norm", "gcn")),
+               "model": m.model, "layers": int(m.layers), "hidden": int(m.hidden),
+               "dropout": float(m.dropout), "norm": str(getattr(model, "norm", "gcn")),
                "f_in": int(shapes["f_in"]), "f_out": int(shapes["f_out"]),
                "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
-    if spec.model_args:
-        payload["model_args"] = dict(spec.model_args)
-    if facts(spec.model).attention:
-        payload["heads"] = int(GAT_HEADS if spec.heads is None else spec.heads)
+    if m.model_args:
+        payload["model_args"] = dict(m.model_args)
+    if facts(m.model).attention:
+        payload["heads"] = int(GAT_HEADS if m.heads is None else m.heads)
         payload["attn_dropout"] = float(model.attn_dropout)
     return payload
 

@@ -54,31 +54,32 @@ def launch(spec: RunSpec, job: Callable = run_rank) -> dict:
     (this process serially, every ``--nprocs`` rank alike; without it a rank gets cores /
     ranks). A mini-batch run's sampler threads come on top at the lowest OS priority on the
     CPU (:mod:`gnnpar.sampling.service`), using what the trainer leaves idle."""
-    apply_max_memory(spec.max_memory)  # the limit of the load, the shards and the spawned ranks
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    apply_max_memory(spec.data.max_memory)  # the limit of the load, the shards and the ranks
+    if spec.train.threads:
+        torch.set_num_threads(spec.train.threads)
     size_pool(torch.get_num_threads())  # a launcher's rank: its share, not every core
-    distributed = (spec.algo != "serial" or spec.minibatch) and bool(
-        spec.nprocs or detect_world().launched)
+    distributed = (spec.parallel.algo != "serial" or spec.minibatch) and bool(
+        spec.parallel.nprocs or detect_world().launched)
     spec = resolve_reorder(spec, not distributed and not spec.minibatch)
     check_shard_flags(spec)
     if distributed:
         return run_distributed(spec, job)
-    if spec.algo != "serial":
-        raise InputError(f"--algo {spec.algo} needs --nprocs N or a launcher (torchrun, srun)")
+    if spec.parallel.algo != "serial":
+        raise InputError(f"--algo {spec.parallel.algo} needs --nprocs N or a launcher "
+                         "(torchrun, srun)")
     return job(spec)
 
 
 def run_distributed(spec: RunSpec, job: Callable = run_rank) -> dict:
     """Spawn ``--nprocs`` local ranks, or join the world of the launcher that started this
     process."""
-    info = detect_world(spec.nprocs)
+    info = detect_world(spec.parallel.nprocs)
     graph = part = None
-    if spec.algo == "auto":
+    if spec.parallel.algo == "auto":
         spec, graph, part = choose_algorithm(spec, info.world_size,
                                              exact=info.source == "local")
-    backend = spec.backend
-    if backend == "auto" and torch.device(spec.device).type == "cpu":
+    backend = spec.parallel.backend
+    if backend == "auto" and torch.device(spec.train.device).type == "cpu":
         backend = "gloo"  # a GPU host asked to train on CPU: NCCL cannot carry CPU tensors
     if info.source == "local":
         return _spawn_local(spec.evolve(backend=resolve_backend(backend, info)[0]), graph, part,
@@ -101,7 +102,7 @@ def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
     graph: Optional[Graph] = None
     part = structure = None
     if has_shards(spec):
-        meta = read_meta(spec.partition_dir)
+        meta = read_meta(spec.parallel.partition_dir)
         n, m, f_in, classes = meta["n"], meta["nnz"], meta["num_features"], meta["num_classes"]
     else:
         graph = load_graph(spec)
@@ -110,13 +111,13 @@ def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
         if exact:
             part = run_partition(spec, graph, world)
             structure = Structure.from_graph(graph, part.owner, world)
-    rows = plan(n, m, f_in, spec.hidden, classes, spec.layers, world, spec.model, spec,
-                structure=structure)
+    rows = plan(n, m, f_in, spec.model.hidden, classes, spec.model.layers, world,
+                spec.model.model, spec.settings(), structure=structure)
     best = rows[0]
     if not best["fits"]:
         lean = min(rows, key=lambda r: r["memory"])
-        raise InputError(f"no algorithm fits --mem-cap {spec.mem_cap} on {world} ranks (the "
-                         f"leanest, {lean['algo']} {lean['grid']}, needs "
+        raise InputError(f"no algorithm fits --mem-cap {spec.parallel.mem_cap} on {world} "
+                         f"ranks (the leanest, {lean['algo']} {lean['grid']}, needs "
                          f"{lean['memory'] / 2**20:.1f} MiB per rank)")
     reads = algorithm(best["algo"]).flags  # only the layout flags the algorithm reads
     chosen = spec.evolve(
@@ -124,8 +125,8 @@ def choose_algorithm(spec: RunSpec, world: int, exact: bool = False):
         replication=best["replication"] if "replication" in reads else None,
         # recorded in the run identity as it always was (1d/1d-halo name their data movement)
         variant=best["variant"] if best["variant"] in ("halo", "bcast") else None)
-    if not spec.quiet:
-        print(f"--algo auto chose {chosen.algo} grid {best['grid']} ({best['variant']}): "
+    if not spec.output.quiet:
+        print(f"--algo auto chose {chosen.parallel.algo} grid {best['grid']} ({best['variant']}): "
               f"modelled {best['time_s']:.4f} s/epoch, {best['memory'] / 2**20:.1f} MiB/rank"
               + (" (busiest rank of the run's partition)" if structure is not None else ""),
               file=sys.stderr)
@@ -140,15 +141,16 @@ def _spawned(rank: int, world: int, spec: RunSpec, source: ShardSource,
 def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None,
                  job: Callable = run_rank) -> dict:
     if not spec.minibatch:
-        spec.grid_shape(spec.nprocs)  # fail before writing shards or spawning
+        spec.grid_shape(spec.parallel.nprocs)  # fail before writing shards or spawning
     source, temporary = None, False
     with _sigterm_unwinds() as sigterm:  # a SIGTERM while shards are written removes them
         try:
-            source, temporary = prepare_shards(spec, spec.nprocs, graph, part)
+            source, temporary = prepare_shards(spec, spec.parallel.nprocs, graph, part)
             _raise_if_preempted(sigterm)
-            return spawn(_spawned, spec.nprocs, args=(spec, source, job), backend=spec.backend,
-                         timeout_s=spec.timeout, threads=spec.threads,
-                         dynamo_first=optimizer_imports_dynamo(spec.device))[0]
+            par = spec.parallel
+            return spawn(_spawned, par.nprocs, args=(spec, source, job), backend=par.backend,
+                         timeout_s=par.timeout, threads=spec.train.threads,
+                         dynamo_first=optimizer_imports_dynamo(spec.train.device))[0]
         except SpawnError as e:
             if e.failure.kind == "input":
                 raise InputError(e.failure.message) from None
@@ -156,7 +158,7 @@ def _spawn_local(spec: RunSpec, graph: Optional[Graph] = None, part=None,
                 # "exit": every rank left through its checkpoint's handler; else some rank
                 # was stopped before it had one (while starting) and wrote nothing
                 saved = ("checkpoint written" if e.failure.kind == "exit" else
-                         "no new checkpoint" if spec.checkpoint_dir else "no checkpoint")
+                         "no new checkpoint" if spec.checkpoint.checkpoint_dir else "no checkpoint")
                 print(f"gnnpar-train: preempted (SIGTERM): {saved}", file=sys.stderr)
                 raise SystemExit(EXIT_PREEMPTED)
             if e.failure.kind in ("died", "hung"):  # a lost rank, as a launcher's watchdog says
@@ -202,13 +204,14 @@ def _raise_if_preempted(sigterm: dict) -> None:
 def _join_launched(spec: RunSpec, info: WorldInfo, backend: str,
                    job: Callable = run_rank) -> dict:
     """One rank of an external launch: join, watch the peers, train, leave."""
-    ctx = init_distributed(info, backend, spec.timeout)
+    ctx = init_distributed(info, backend, spec.parallel.timeout)
     if ctx.device.type == "cuda":
         spec = spec.evolve(device=str(ctx.device))
-    wd = Watchdog(info.rank, info.world_size, timeout=spec.timeout).start()
+    wd = Watchdog(info.rank, info.world_size, timeout=spec.parallel.timeout).start()
     try:
         with wd.guard():
-            return job(spec, info.rank, info.world_size, ShardSource(spec.partition_dir), wd)
+            return job(spec, info.rank, info.world_size,
+                       ShardSource(spec.parallel.partition_dir), wd)
     finally:
         wd.stop()
         shutdown()

@@ -43,7 +43,6 @@ from gnnpar.kernels.algorithms import get_grouped
 from gnnpar.kernels.bipartite import block_shard, build_bipartite, dst_first_owner
 from gnnpar.kernels.comm import WIRE_DTYPES, Comm
 from gnnpar.kernels.comm_timing import timing_name
-from gnnpar.kernels.grid import parse_grid
 
 from gnnpar.sampling.blocks import Block
 from gnnpar.training.minibatch_loop import DataParallel
@@ -135,13 +134,14 @@ class Group:
     @classmethod
     def create(cls, spec, world: int) -> "Group":
         """Grids and communicators of the run spec (collective: every rank calls it)."""
-        entry = get_grouped(spec.algo)
-        dims = parse_grid(spec.grid) if spec.grid else None
-        outer, inner = entry.make_group_grid(world, spec.group_size, dims, spec.replication or 1)
-        return cls(spec.algo, outer.shape["data"], inner.world_size, outer.coord("data"),
-                   inner.rank, Comm(outer), Comm(inner, WIRE_DTYPES[spec.comm_dtype]),
+        par = spec.parallel
+        entry = get_grouped(par.algo)
+        outer, inner = entry.make_group_grid(world, spec.batch.group_size, par.grid_dims,
+                                             par.replication or 1)
+        return cls(par.algo, outer.shape["data"], inner.world_size, outer.coord("data"),
+                   inner.rank, Comm(outer), Comm(inner, WIRE_DTYPES[par.comm_dtype]),
                    dict(inner.shape),
-                   entry.options(spec, per_group=True))
+                   entry.options(spec.settings(), per_group=True))
 
     @property
     def offset(self) -> int:

@@ -346,19 +346,19 @@ def train_logged(fit_fn: Callable, model, spec, fields: dict, lead: bool, desc: 
 
 def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -> dict:
     start = ckpt.restore() if ckpt is not None else 0
-    if start > spec.epochs:
-        raise InputError(f"--resume: the checkpoints in {spec.checkpoint_dir} reach epoch "
-                         f"{start - 1}, past the last of --epochs {spec.epochs}: resume with "
-                         f"--epochs {start} or more")
+    if start > spec.train.epochs:
+        raise InputError(f"--resume: the checkpoints in {spec.checkpoint.checkpoint_dir} reach "
+                         f"epoch {start - 1}, past the last of --epochs {spec.train.epochs}: "
+                         f"resume with --epochs {start} or more")
     before = ckpt.totals if ckpt is not None else None
     if before is None and start > 0 and lead:  # a checkpoint that carries no totals
-        before = logged_totals(spec.log_json, start)
-    if start == spec.epochs > 0 and lead and not spec.quiet:
+        before = logged_totals(spec.output.log_json, start)
+    if start == spec.train.epochs > 0 and lead and not spec.output.quiet:
         print(f"gnnpar-train: the checkpoint is the last epoch ({start - 1}) of --epochs "
-              f"{spec.epochs}: finishing the run's outputs", file=sys.stderr)
-    log = JsonLog(spec.log_json if lead else None, resume_epoch=start if start > 0 else None)
-    bar = progress(spec.epochs - start, desc, lead and not spec.quiet)
-    prof = EpochProfiler(spec.profile, spec.profile_dir, spec.quiet)
+              f"{spec.train.epochs}: finishing the run's outputs", file=sys.stderr)
+    log = JsonLog(spec.output.log_json if lead else None, resume_epoch=start if start > 0 else None)
+    bar = progress(spec.train.epochs - start, desc, lead and not spec.output.quiet)
+    prof = EpochProfiler(spec.output.profile, spec.output.profile_dir, spec.output.quiet)
     prof.maybe_start(start)
     totals = before
 
@@ -366,7 +366,7 @@ def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -
         nonlocal totals
         totals = final_metrics([rec], totals)  # the whole run's, carried by each checkpoint
         trace = prof.maybe_stop(rec["epoch"])
-        if trace and lead and not spec.quiet:
+        if trace and lead and not spec.output.quiet:
             print(f"profile of epoch {rec['epoch']} written to {trace}", file=sys.stderr)
         prof.maybe_start(rec["epoch"] + 1)
         log.write({**rec, **fields})
@@ -387,6 +387,6 @@ def _train(fit_fn, model, spec, fields, lead, desc, shapes, extra_final, ckpt) -
         final["diverged_epoch"] = diverged
     log.write(final)
     log.close()
-    if lead and spec.save_model and diverged is None:
-        save_weights(spec.save_model, model, spec, shapes)
+    if lead and spec.output.save_model and diverged is None:
+        save_weights(spec.output.save_model, model, spec, shapes)
     return final

@@ -57,11 +57,11 @@ def _service_cfg(spec, device, placement: Placement, burst: bool = False,
     else 1; a rank's count must be every rank's, one communicator each); with ``burst``,
     sampling in bursts of that many macrobatches, holding at least that many ahead;
     ``input_dropout``: the model's input dropout, done by the sampler (``ServiceConfig``)."""
-    workers = workers or spec.sampler_workers or 1
-    k, ahead = pipeline_depth(spec.macrobatch, spec.prefetch, workers,
+    workers = workers or spec.batch.sampler_workers or 1
+    k, ahead = pipeline_depth(spec.batch.macrobatch, spec.batch.prefetch, workers,
                               host_samples=placement.sample_on == "host")
     return ServiceConfig(macrobatch=k, workers=workers,
-                         prefetch=max(ahead, workers) if burst else ahead, seed=spec.seed,
+                         prefetch=max(ahead, workers) if burst else ahead, seed=spec.train.seed,
                          device=str(device), sampler=placement.sample_on, burst=burst,
                          input_dropout=input_dropout)
 
@@ -72,7 +72,7 @@ def _serial_cfg(spec, device, placement: Placement, input_dropout: float = 0.0
     as the trainer has threads, unless ``--sampler-workers`` says."""
     if samples_in_bursts(spec, device, placement):
         return _service_cfg(spec, device, placement, True,
-                            spec.sampler_workers or torch.get_num_threads(), input_dropout)
+                            spec.batch.sampler_workers or torch.get_num_threads(), input_dropout)
     return _service_cfg(spec, device, placement, input_dropout=input_dropout)
 
 
@@ -81,8 +81,8 @@ def samples_in_bursts(spec, device, placement: Placement) -> bool:
     ``--sample-in-bursts`` says, else on the CPU, sampled by the host, with the trainer's
     threads on every core this process may use (no core is left idle for workers running
     beside it)."""
-    if spec.sample_in_bursts is not None:
-        return spec.sample_in_bursts
+    if spec.batch.sample_in_bursts is not None:
+        return spec.batch.sample_in_bursts
     return (torch.device(device).type == "cpu" and placement.sample_on == "host"
             and torch.get_num_threads() >= usable_cores())
 
@@ -90,12 +90,12 @@ def samples_in_bursts(spec, device, placement: Placement) -> bool:
 def _place(spec, device, topo, store, grouped: bool, lead: bool) -> Placement:
     """Resolve ``--sample-on``/``--features-on`` (:mod:`.placement`), move the rows, say why
     a choice fell back (lead rank, unless --quiet)."""
-    placement = resolve_placement(spec.sample_on, spec.features_on, device,
+    placement = resolve_placement(spec.batch.sample_on, spec.batch.features_on, device,
                                   replicated=bool(topo.replicated), grouped=grouped,
                                   feature_bytes=store.nbytes(), topo_bytes=topo.nbytes())
     if placement.features_on == "device" or torch.device(device).type == "cpu":
         store.to(device)  # on a CPU: the owner map as tensors, for device-sampled ids
-    if lead and not spec.quiet:
+    if lead and not spec.output.quiet:
         for note in placement.notes:
             print(f"gnnpar-train: note: {note}", file=sys.stderr)
     return placement
@@ -121,10 +121,10 @@ def serial_parts(spec, graph: Graph, norm: str, device, input_dropout: float = 0
     store = FeatureStore.local(graph.x)
     placement = _place(spec, device, topo, store, False, True)
     seeds = np.flatnonzero(np.asarray(graph.train_mask))
-    plan = (EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch_size, spec.seed)
+    plan = (EpochPlan(seeds, [seeds.shape[0]], 0, spec.batch.batch_size, spec.train.seed)
             if make_plan is None else make_plan(0, 1))
     service = MacrobatchService(topo, store, plan,
-                                SamplerConfig(spec.fanouts, norm, spec.replace),
+                                SamplerConfig(spec.batch.fanouts, norm, spec.batch.replace),
                                 _serial_cfg(spec, device, placement, input_dropout),
                                 torch.as_tensor(np.asarray(graph.y, np.int64)))
     info = {"topology_bytes": topo.nbytes(), "replicate_graph": True, "cache_rows": 0,
@@ -154,14 +154,14 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
     """Everything rank ``rank`` needs but the model (``input_dropout``, ``make_plan``: as
     :func:`serial_parts`; data parallel only: a group's ranks each hold part of the input).
 
-    ``spec.algo`` other than ``serial`` splits the ranks into groups that each run one sampled
-    subgraph on a distributed SpMM (:mod:`~gnnpar.sampling.grouped`)."""
+    ``spec.parallel.algo`` other than ``serial`` splits the ranks into groups that each run one
+    sampled subgraph on a distributed SpMM (:mod:`~gnnpar.sampling.grouped`)."""
     grid = ProcessGrid.create({"data": world})
     comm = Comm(grid)
-    group = None if spec.algo == "serial" else Group.create(spec, world)
+    group = None if spec.parallel.algo == "serial" else Group.create(spec, world)
     with comm.in_phase("setup"):
         store = FeatureStore.from_shard(shard, comm, "data")
-        if spec.replicate_graph:
+        if spec.batch.replicate_graph:
             topo = gather_topology(shard, comm, "data", (norm,))
         else:
             topo = PartitionedTopology.from_shard(shard, comm, "data", (norm,), store.owner,
@@ -178,20 +178,20 @@ def build_rank(rank: int, world: int, shard, spec, norm: str, device,
         counts, stream = counts[::group.g], group.index
     else:
         stream = rank
-    plan = (EpochPlan(seeds, counts, stream, spec.batch_size, spec.seed)
+    plan = (EpochPlan(seeds, counts, stream, spec.batch.batch_size, spec.train.seed)
             if make_plan is None else make_plan(stream, len(counts)))
-    sampler = SamplerConfig(spec.fanouts, norm, spec.replace)
-    n_cache = cache_size(spec.cache_frac, topo.num_nodes, shard.n_local)
+    sampler = SamplerConfig(spec.batch.fanouts, norm, spec.batch.replace)
+    n_cache = cache_size(spec.batch.cache_frac, topo.num_nodes, shard.n_local)
     probe = None
-    if spec.cache_policy == "presample" and n_cache:
+    if spec.batch.cache_policy == "presample" and n_cache:
         with comm.in_phase("setup"):
-            probe = _presample_inputs(topo, sampler, plan, spec.seed, (comm, "data"))
-    ids = choose_cache(spec.cache_policy, topo, store.owner != store.rank, n_cache, probe)
+            probe = _presample_inputs(topo, sampler, plan, spec.train.seed, (comm, "data"))
+    ids = choose_cache(spec.batch.cache_policy, topo, store.owner != store.rank, n_cache, probe)
     with comm.in_phase("setup"):
         table, _ = store.fetch(ids, comm, "data", use_cache=False)
     store.set_cache(ids, table.remote_rows)
     placement = _place(spec, device, topo, store, group is not None, rank == 0)
-    cfg = _service_cfg(spec, device, placement, bool(spec.sample_in_bursts),
+    cfg = _service_cfg(spec, device, placement, bool(spec.batch.sample_in_bursts),
                        input_dropout=input_dropout if group is None else 0.0)
     workers = [(Comm(ProcessGrid.create({"data": world})), "data") for _ in range(cfg.workers)]
     eval_runtime = _EvalRuntime(shard, ProcessGrid.create({"row": world}), store, norm, device)

@@ -66,7 +66,7 @@ def run_rank(spec: RunSpec, rank: int = 0, world: int = 1,
     """Set up and train; returns the final record. ``source`` None: one process with the
     whole graph (serial); else this rank's shard. ``watchdog`` (external launches) is told
     each communication phase, so a lost peer is reported with what this rank was doing."""
-    with holding_log(spec.log_json if rank == 0 else None):  # one writer per log
+    with holding_log(spec.output.log_json if rank == 0 else None):  # one writer per log
         return _run_rank(spec, rank, world, source, watchdog)
 
 
@@ -75,43 +75,46 @@ def _run_rank(spec: RunSpec, rank: int, world: int, source: Optional[ShardSource
     device = rank_device(spec, rank)
     baseline = local_current_bytes(device)  # before any data: the process's own footprint
     data = load_graph(spec) if source is None else load_rank_shard(rank, world, spec, source)
-    if source is None and not spec.quiet:
+    if source is None and not spec.output.quiet:
         print(data.summary(), file=sys.stderr)
     f_in, f_out = _dims(data)
-    if spec.task == "link":  # the model's output rows are the embeddings pairs are scored on
-        f_out = spec.hidden
-    torch.manual_seed(spec.seed)  # identical initial weights on every rank
-    model = build_model(spec.model, f_in, spec.hidden, f_out, spec.layers,
-                        spec.dropout, spec.heads, spec.attn_dropout,
-                        dict(spec.model_args)).to(device)
+    if spec.link.task == "link":  # the model's output rows are the embeddings pairs are scored on
+        f_out = spec.model.hidden
+    torch.manual_seed(spec.train.seed)  # identical initial weights on every rank
+    model = build_model(spec.model.model, f_in, spec.model.hidden, f_out, spec.model.layers,
+                        spec.model.dropout, spec.model.heads, spec.model.attn_dropout,
+                        dict(spec.model.model_args)).to(device)
     build = _minibatch if spec.minibatch else _fullbatch
-    if spec.task == "link":  # its decoder seeded as the model is, before the ranks differ
-        build = functools.partial(_link, build_decoder(spec.decoder, spec.hidden).to(device))
+    if spec.link.task == "link":  # its decoder seeded as the model is, before the ranks differ
+        decoder = build_decoder(spec.link.decoder, spec.model.hidden).to(device)
+        build = functools.partial(_link, decoder)
     if source is not None:
-        torch.manual_seed(spec.seed * 1000003 + rank)  # dropout masks differ between ranks
+        torch.manual_seed(spec.train.seed * 1000003 + rank)  # dropout masks differ between ranks
     training = build(spec, rank, world, data, model, device, watchdog, baseline)
-    cfg = TrainConfig(epochs=spec.epochs, lr=spec.lr, weight_decay=spec.weight_decay,
-                      precision=spec.precision)
+    t = spec.train
+    cfg = TrainConfig(epochs=t.epochs, lr=t.lr, weight_decay=t.weight_decay,
+                      precision=t.precision)
     opt = make_optimizer(training.module or model, cfg)
     fingerprint = (shard_fingerprint(data, spec) if source is not None else
-                   data.fingerprint() if spec.checkpoint_dir else None)
+                   data.fingerprint() if spec.checkpoint.checkpoint_dir else None)
     meta = {**run_meta(spec, world, training.grid, fingerprint), **training.identity,
             **_numerics_identity(spec)}
     lead = rank == 0
     ckpt = Checkpointing(spec, rank, meta, training.module or model, opt,
-                         spec.quiet or not lead)
-    fields = {**training.fields, "precision": spec.precision, "comm_dtype": spec.comm_dtype,
+                         spec.output.quiet or not lead)
+    fields = {**training.fields, "precision": spec.train.precision,
+              "comm_dtype": spec.parallel.comm_dtype,
               "reorder": vertex_order(spec)}  # the order the graph was loaded in
     final = train_logged(lambda on_epoch, start: training.fit(opt, cfg, on_epoch, start),
                          training.module or model, spec, fields, lead, training.desc,
                          {"f_in": f_in, "f_out": f_out}, extra_final=training.extra_final,
                          ckpt=ckpt)
-    if spec.save_predictions and final.get("diverged_epoch") is None:
+    if spec.output.save_predictions and final.get("diverged_epoch") is None:
         # the trained model over the rows it trained on: no second load
-        job = PredictJob(None, spec.save_predictions, embeddings=hidden_layers(model),
+        job = PredictJob(None, spec.output.save_predictions, embeddings=hidden_layers(model),
                          flag="--save-predictions", prog="gnnpar-train")
         predict_rows(model, training.rows, data, spec, job, rank, world,
-                     outputs_meta(spec, spec.model, spec.save_model))
+                     outputs_meta(spec, spec.model.model, spec.output.save_model))
     return final
 
 
@@ -119,8 +122,8 @@ def _numerics_identity(spec: RunSpec) -> dict:
     """A bf16 run's checkpoints name their precision, and a run with a low-precision wire its
     ``--comm-dtype`` (a resume with another would not continue the same numbers); fp32 runs
     add nothing, so their checkpoints stay interchangeable with every fp32 run's."""
-    return {k: v for k, v in (("precision", spec.precision), ("comm_dtype", spec.comm_dtype))
-            if v != "fp32"}
+    return {k: v for k, v in (("precision", spec.train.precision),
+                              ("comm_dtype", spec.parallel.comm_dtype)) if v != "fp32"}
 
 
 def _dims(data: Union[Graph, Shard]):
@@ -148,9 +151,9 @@ def _fullbatch_runtime(spec, rank, world, data, model, device, watchdog, baselin
     else:
         grid = list(spec.grid_shape(world).values())
         top, mean = nnz_balance(runtime.comm, runtime.op)
-        fields = {"algo": spec.algo, "world_size": world, "grid": grid,
+        fields = {"algo": spec.parallel.algo, "world_size": world, "grid": grid,
                   "nnz_max_over_mean": top / max(mean, 1e-12)}
-        desc = f"train[{spec.algo} x{world}]"
+        desc = f"train[{spec.parallel.algo} x{world}]"
         memory = _rank_memory(spec, rank, world, data, device, baseline, runtime.reducer)
     return runtime, fields, desc, grid, memory
 
@@ -171,15 +174,15 @@ def _link(decoder, spec, rank, world, data, model, device, watchdog, baseline=0)
     pairs = None if serial else PairExchange.of_runtime(runtime, n)
 
     def run(opt, cfg, on_epoch, start):
-        return fit_link(model, decoder, runtime, split, cfg, n, spec.neg_ratio, spec.seed,
-                        pairs, on_epoch, start, opt, memory)
+        return fit_link(model, decoder, runtime, split, cfg, n, spec.link.neg_ratio,
+                        spec.train.seed, pairs, on_epoch, start, opt, memory)
     return Training(run, {**fields, **_link_fields(spec)}, desc, grid, rows=runtime,
                     module=link_modules(model, decoder))
 
 
 def _link_fields(spec) -> dict:
-    return {"task": "link", "decoder": spec.decoder, "neg_ratio": spec.neg_ratio,
-            "link_split": spec.link_split}
+    return {"task": "link", "decoder": spec.link.decoder, "neg_ratio": spec.link.neg_ratio,
+            "link_split": spec.link.link_split}
 
 
 def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optional[RankMemory]:
@@ -190,10 +193,10 @@ def _rank_memory(spec, rank, world, shard, device, baseline, reducer) -> Optiona
     if reducer.world != world:
         return None
     f_in, f_out = _dims(shard)
-    f_out = spec.hidden if spec.task == "link" else f_out
-    widths = [f_in] + [spec.hidden] * (spec.layers - 1) + [f_out]
+    f_out = spec.model.hidden if spec.link.task == "link" else f_out
+    widths = [f_in] + [spec.model.hidden] * (spec.model.layers - 1) + [f_out]
     return RankMemory(rank, world, device, baseline, array_bytes(shard),
-                      halo_row_bytes(shard.n_halo, widths, spec.precision))
+                      halo_row_bytes(shard.n_halo, widths, spec.train.precision))
 
 
 def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0,
@@ -219,7 +222,7 @@ def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0,
     if link is not None:
         decoder, split, n = link
         pairs = None if isinstance(data, Graph) else PairExchange.of_runtime(parts.eval_runtime, n)
-        step, evaluate_on = link_minibatch_parts(model, decoder, split, pairs, spec.precision)
+        step, evaluate_on = link_minibatch_parts(model, decoder, split, pairs, spec.train.precision)
         module = link_modules(model, decoder)
         fields.update(_link_fields(spec))
     return Training(
@@ -239,5 +242,5 @@ def _minibatch(spec, rank, world, data, model, device, watchdog, baseline=0,
 
 def _link_plan(train_pos, spec, num_nodes, stream, world):
     """A link mini-batch rank's steps (``--batch-size`` positives a step)."""
-    return LinkPlan(train_pos, world, stream, spec.batch_size, spec.seed, spec.neg_ratio,
-                    num_nodes)
+    return LinkPlan(train_pos, world, stream, spec.batch.batch_size, spec.train.seed,
+                    spec.link.neg_ratio, num_nodes)

@@ -40,6 +40,7 @@ import os
 import re
 import sys
 import warnings
+from types import SimpleNamespace
 from typing import Optional
 
 from gnnpar.datasets import InputError
@@ -65,14 +66,14 @@ class Checkpointing:
     with the other ranks on whether the folder may be used)."""
 
     def __init__(self, spec, rank: int, meta: dict, model, opt, quiet: bool = True):
-        self.base = spec.checkpoint_dir or None
+        self.base = spec.checkpoint.checkpoint_dir or None
         self.dir = rank_dir(self.base, rank) if self.base else None
         self.rank = rank
-        self.every, self.keep = spec.checkpoint_every, spec.checkpoint_keep
-        self.resume = spec.resume
+        self.every, self.keep = spec.checkpoint.checkpoint_every, spec.checkpoint.checkpoint_keep
+        self.resume = spec.checkpoint.resume
         self.meta = as_recorded(json.loads(json.dumps(dict(meta))),
                                 recorded_identity(self.base))
-        self.last_epoch = int(spec.epochs) - 1
+        self.last_epoch = int(spec.train.epochs) - 1
         self.model, self.opt, self.quiet = model, opt, quiet
         self.epoch = -1
         self.totals: Optional[dict] = None  #: the run totals up to ``epoch`` (logged.final_metrics)
@@ -301,7 +302,8 @@ def check_checkpoint_args(args) -> None:
         # what the flags alone decide (dataset fingerprint and world layout come at setup;
         # an unset --macrobatch is resolved with the device, in the run's spec)
         theirs = found["identity"]
-        mine = {k: v for k, v in as_recorded(run_meta(args, 0, [], None), theirs).items()
+        asked = run_meta(_as_sections(args), 0, [], None)
+        mine = {k: v for k, v in as_recorded(asked, theirs).items()
                 if k not in ("world_size", "grid", "fingerprint", "macrobatch") and k in theirs}
         check_identity(folder, {"identity": {k: theirs[k] for k in mine}}, mine, WHAT)
     if not args.resume:  # on this host's disk; every rank checks its own again at setup
@@ -315,42 +317,49 @@ def _rank_dirs(base: str):
                   if re.fullmatch(r"rank-\d{5,}", e) and os.path.isdir(os.path.join(base, e)))
 
 
+def _as_sections(args) -> SimpleNamespace:
+    """The parsed flags seen as a run spec's sections (every section's fields are flag names),
+    for the checks that run before the spec exists."""
+    return SimpleNamespace(**{name: args for name in ("model", "train", "link", "parallel",
+                                                      "batch")})
+
+
 def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
     """The run identity: what a checkpoint folder and each checkpoint must match to be
-    resumed by this run (JSON values)."""
-    mode, task = spec.mode, spec.task  # spec: a RunSpec, or gnnpar-train's parsed flags
-    meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": spec.algo,
-            "mode": mode, "model": spec.model, "layers": int(spec.layers),
-            "hidden": int(spec.hidden), "dropout": float(spec.dropout),
-            "fingerprint": fingerprint, "seed": int(spec.seed), "lr": float(spec.lr),
-            "weight_decay": float(default_weight_decay(task) if spec.weight_decay is None
-                                  else spec.weight_decay),
-            "variant": spec.variant, "replication": spec.replication}
-    meta.update(attention_settings(spec))
-    if spec.model_args:  # runs without any add nothing: old checkpoints fit
-        meta["model_args"] = dict(spec.model_args)
+    resumed by this run (JSON values). ``spec``: a RunSpec (its sections)."""
+    mode, task = spec.batch.mode, spec.link.task
+    meta = {"world_size": int(world), "grid": [int(g) for g in grid], "algo": spec.parallel.algo,
+            "mode": mode, "model": spec.model.model, "layers": int(spec.model.layers),
+            "hidden": int(spec.model.hidden), "dropout": float(spec.model.dropout),
+            "fingerprint": fingerprint, "seed": int(spec.train.seed), "lr": float(spec.train.lr),
+            "weight_decay": float(default_weight_decay(task) if spec.train.weight_decay is None
+                                  else spec.train.weight_decay),
+            "variant": spec.parallel.variant, "replication": spec.parallel.replication}
+    meta.update(attention_settings(spec.model))
+    if spec.model.model_args:  # runs without any add nothing: old checkpoints fit
+        meta["model_args"] = dict(spec.model.model_args)
     if task == "link":  # node runs add nothing: old checkpoints fit
-        meta.update({"task": "link", "link_split": spec.link_split,
-                     "neg_ratio": int(spec.neg_ratio), "decoder": spec.decoder})
+        meta.update({"task": "link", "link_split": spec.link.link_split,
+                     "neg_ratio": int(spec.link.neg_ratio), "decoder": spec.link.decoder})
     if mode == "minibatch":
-        macro = spec.macrobatch
-        meta.update({"fanouts": list(parse_fanouts(spec.fanouts)),
-                     "batch_size": int(spec.batch_size),
+        macro = spec.batch.macrobatch
+        meta.update({"fanouts": list(parse_fanouts(spec.batch.fanouts)),
+                     "batch_size": int(spec.batch.batch_size),
                      "macrobatch": 1 if macro is None else int(macro),
-                     "group_size": spec.group_size, "replace": bool(spec.replace)})
+                     "group_size": spec.batch.group_size, "replace": bool(spec.batch.replace)})
     return meta
 
 
-def attention_settings(spec) -> dict:
+def attention_settings(m) -> dict:
     """A GAT's ``heads`` and ``attn_dropout`` as the model uses them: ``--heads`` or
     :data:`~gnnpar.nn.attention.GAT_HEADS`, ``--attn-dropout`` or ``--dropout``'s (a run that
     spells out a default is the same run as one that leaves it out); empty for other
-    models."""
-    if not facts(spec.model).attention:
+    models. ``m``: a run spec's ``model`` section, or the parsed flags (the same names)."""
+    if not facts(m.model).attention:
         return {}
-    heads, attn = spec.heads, spec.attn_dropout
+    heads, attn = m.heads, m.attn_dropout
     return {"heads": int(GAT_HEADS if heads is None else heads),
-            "attn_dropout": float(spec.dropout if attn is None else attn)}
+            "attn_dropout": float(m.dropout if attn is None else attn)}
 
 
 def as_recorded(meta: dict, recorded: Optional[dict]) -> dict:

@@ -51,8 +51,8 @@ class ShardSource:
 
 
 def has_shards(spec) -> bool:
-    return bool(spec.partition_dir) and os.path.lexists(os.path.join(spec.partition_dir,
-                                                                     "meta.json"))
+    folder = spec.parallel.partition_dir
+    return bool(folder) and os.path.lexists(os.path.join(folder, "meta.json"))
 
 
 def load_graph(spec) -> Graph:
@@ -63,18 +63,19 @@ def load_graph(spec) -> Graph:
     (:func:`gnnpar.link.split.given_split`), else one drawn by
     :func:`gnnpar.link.split.split_edges`, seeded by ``--seed``. A node run on a
     link-property folder (``meta["task"]``) is refused."""
-    graph = load_dataset(spec.dataset or DEFAULT_SPEC, directed=spec.directed,
-                         cache_dir=spec.cache_dir)
-    if spec.task != "link" and graph.meta.get("task") == "link":
-        raise InputError(f"{spec.dataset} is a link-property dataset (an edge split, no node "
+    graph = load_dataset(spec.data.dataset or DEFAULT_SPEC, directed=spec.data.directed,
+                         cache_dir=spec.data.cache_dir)
+    if spec.link.task != "link" and graph.meta.get("task") == "link":
+        raise InputError(f"{spec.data.dataset} is a link-property dataset (an edge split, no node "
                          "labels): train it with --task link")
-    if spec.task == "link":
-        given = given_arrays(spec.dataset or DEFAULT_SPEC)
-        if given and spec.link_split != DEFAULT_SPLIT:
-            raise InputError(f"--link-split: {spec.dataset} carries its own split, "
+    if spec.link.task == "link":
+        given = given_arrays(spec.data.dataset or DEFAULT_SPEC)
+        if given and spec.link.link_split != DEFAULT_SPLIT:
+            raise InputError(f"--link-split: {spec.data.dataset} carries its own split, "
                              "which the run uses")
-        graph, split = (given_split(graph, given, spec.seed, where=spec.dataset) if given
-                        else split_edges(graph, parse_fractions(spec.link_split), spec.seed))
+        seed = spec.train.seed
+        graph, split = (given_split(graph, given, seed, where=spec.data.dataset) if given
+                        else split_edges(graph, parse_fractions(spec.link.link_split), seed))
         graph.meta = {**graph.meta, "link_split": split}
     return reorder(graph, vertex_order(spec))
 
@@ -82,7 +83,7 @@ def load_graph(spec) -> Graph:
 def vertex_order(spec) -> str:
     """The order ``spec``'s graph is loaded in: ``--reorder``, with an ``auto`` that
     :func:`resolve_reorder` did not settle read as ``none``."""
-    return "none" if spec.reorder == "auto" else spec.reorder
+    return "none" if spec.data.reorder == "auto" else spec.data.reorder
 
 
 def resolve_reorder(spec, serial_fullbatch: bool):
@@ -91,9 +92,9 @@ def resolve_reorder(spec, serial_fullbatch: bool):
     step times), ``none`` otherwise — no gain is shown for mini batch and distributed runs,
     and the ``block`` partitioner would put every hub on one rank; a ``--task link`` run keeps
     the dataset's order, the order of its edge split."""
-    if spec.reorder != "auto":
+    if spec.data.reorder != "auto":
         return spec
-    serial_fullbatch = serial_fullbatch and spec.task == "node"
+    serial_fullbatch = serial_fullbatch and spec.link.task == "node"
     return spec.evolve(reorder="degree" if serial_fullbatch and not has_shards(spec) else "none")
 
 
@@ -104,10 +105,10 @@ def check_shard_flags(spec) -> None:
     if not has_shards(spec):
         return
     if vertex_order(spec) != "none":
-        raise InputError(f"--reorder {spec.reorder} applies when the shards are written, but "
-                         f"--partition-dir {spec.partition_dir} already holds shards (in the "
-                         "order they were written); drop --reorder or use a new folder")
-    check_partitioner(spec, spec.partition_dir)
+        raise InputError(f"--reorder {spec.data.reorder} applies when the shards are written, "
+                         f"but --partition-dir {spec.parallel.partition_dir} already holds shards "
+                         "(in the order they were written); drop --reorder or use a new folder")
+    check_partitioner(spec, spec.parallel.partition_dir)
 
 
 def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
@@ -115,16 +116,16 @@ def check_shards_dataset(spec, shard_dir: str, meta=None) -> None:
     used as they are). Cheap when the shards record the same dataset identity (spec params,
     directed flag, input files' size and mtime); otherwise the dataset is loaded and its
     fingerprint compared with the shards'."""
-    if not spec.dataset:
+    if not spec.data.dataset:
         return
     meta = meta if meta is not None else read_meta(shard_dir)
     source = meta.get("source") or {}
-    if source.get("key") == dataset_source(spec.dataset, spec.directed)["key"]:
+    if source.get("key") == dataset_source(spec.data.dataset, spec.data.directed)["key"]:
         return
     if load_graph(spec).fingerprint() != meta["fingerprint"]:
         written = source.get("spec") or f"a graph of fingerprint {meta['fingerprint']}"
         written += " --directed" if source.get("directed") else ""
-        given = spec.dataset + (" --directed" if spec.directed else "")
+        given = spec.data.dataset + (" --directed" if spec.data.directed else "")
         raise InputError(f"--partition-dir {shard_dir} holds shards of {written}, not of "
                          f"--dataset {given}; give the dataset they were written for, drop "
                          "--dataset, or use another --partition-dir")
@@ -144,12 +145,13 @@ def _check_shards_on_rank_0(rank: int, spec, shard_dir: str) -> None:
         raise failure
     if int(verdict[0]):
         raise InputError(f"--partition-dir {shard_dir} does not hold shards of --dataset "
-                         f"{spec.dataset} (rank 0 says which graph it holds)")
+                         f"{spec.data.dataset} (rank 0 says which graph it holds)")
 
 
 def run_partition(spec, graph: Graph, world: int):
     """The run's partition of ``graph`` into ``world`` parts (``--partitioner``, ``--seed``)."""
-    return partition_graph(graph, world, spec.partitioner or DEFAULT_PARTITIONER, seed=spec.seed)
+    return partition_graph(graph, world, spec.parallel.partitioner or DEFAULT_PARTITIONER,
+                           seed=spec.train.seed)
 
 
 def prepare_shards(spec, world: int, graph: Optional[Graph] = None, part=None
@@ -161,11 +163,11 @@ def prepare_shards(spec, world: int, graph: Optional[Graph] = None, part=None
 
     Filling ``--partition-dir`` holds its write lock (:func:`shard_writer`): a run that finds
     another writer there waits for it, then uses the shards it wrote."""
-    out = spec.partition_dir
+    out = spec.parallel.partition_dir
     if out:
         if not has_shards(spec):
             def notice(holder: str) -> None:
-                if not spec.quiet:
+                if not spec.output.quiet:
                     print(f"gnnpar-train: waiting for {holder}, which is writing shards into "
                           f"--partition-dir {out}", file=sys.stderr, flush=True)
 
@@ -190,13 +192,13 @@ def prepare_shards(spec, world: int, graph: Optional[Graph] = None, part=None
 
 def _write_shards(spec, world: int, graph: Optional[Graph], part, out: str) -> ShardSource:
     """Load (unless given), partition (unless given) and write the shards into ``out``."""
-    source = dataset_source(spec.dataset or DEFAULT_SPEC, spec.directed)
+    source = dataset_source(spec.data.dataset or DEFAULT_SPEC, spec.data.directed)
     graph = graph if graph is not None else load_graph(spec)
-    if not spec.quiet:
+    if not spec.output.quiet:
         print(graph.summary(), file=sys.stderr)
     part = part if part is not None else run_partition(spec, graph, world)
     write_shards(graph, part, out, norms=("gcn", "mean"), source=source,
-                 what="--partition-dir" if spec.partition_dir else "shard folder")
+                 what="--partition-dir" if spec.parallel.partition_dir else "shard folder")
     split = graph.meta.get("link_split")
     if split is None:
         return ShardSource(out, checked=True)
@@ -208,14 +210,14 @@ def _write_shards(spec, world: int, graph: Optional[Graph], part, out: str) -> S
 def check_partitioner(spec, shard_dir: str, meta=None) -> None:
     """Refuse a ``--partitioner`` other than the method the shards in ``--partition-dir`` were
     cut with: the run would use those shards, and the flag would be silently ignored."""
-    if not spec.partitioner:
+    if not spec.parallel.partitioner:
         return
     meta = meta if meta is not None else read_meta(shard_dir)
-    if meta.get("method") != spec.partitioner:
-        raise InputError(f"--partitioner {spec.partitioner}: --partition-dir {shard_dir} already "
-                         f"holds shards cut with {meta.get('method')}, which the run would use; "
-                         f"drop --partitioner, give --partitioner {meta.get('method')}, or use "
-                         "another --partition-dir")
+    if meta.get("method") != spec.parallel.partitioner:
+        raise InputError(f"--partitioner {spec.parallel.partitioner}: --partition-dir "
+                         f"{shard_dir} already holds shards cut with {meta.get('method')}, "
+                         "which the run would use; drop --partitioner, give --partitioner "
+                         f"{meta.get('method')}, or use another --partition-dir")
 
 
 def load_rank_shard(rank: int, world: int, spec, source: ShardSource) -> Shard:
@@ -247,5 +249,6 @@ def dataset_ids(data, ids) -> np.ndarray:
 def shard_fingerprint(shard: Shard, spec) -> str:
     """Dataset fingerprint plus partitioning, as a checkpoint records it."""
     meta = shard.meta or {}
-    data = meta.get("fingerprint") or f"{spec.dataset or DEFAULT_SPEC}|directed={spec.directed}"
+    data = (meta.get("fingerprint")
+            or f"{spec.data.dataset or DEFAULT_SPEC}|directed={spec.data.directed}")
     return f"{data}|{meta.get('method')}|seed={meta.get('seed')}|parts={meta.get('parts')}"
