@@ -45,8 +45,9 @@ from gnnpar.cli.cli_common import DefaultsHelpFormatter, run_cli
 from gnnpar.infer.inference import check_layerwise, embeddings_layer, forward_rows, layerwise
 from gnnpar.launcher.launch import launch
 from gnnpar.link.scoring import read_pairs
-from gnnpar.cli.options import (_inputs, _overlaps, _shard_widths, add_data_args,
-                                add_distributed_args, parser_defaults)
+from gnnpar.cli.options import (_shard_widths, add_data_args, add_distributed_args,
+                                parser_defaults)
+from gnnpar.cli.output_paths import inputs_of, overlaps
 from gnnpar.nn.precision import PRECISIONS
 from gnnpar.infer.predict_files import check_out
 from gnnpar.infer.prediction import LayerwiseRows, PredictJob, check_widths, predict_rank
@@ -146,9 +147,9 @@ def check(args) -> Tuple[RunSpec, PredictJob]:
     if shards:
         check_widths(payload, f_in, classes, f"--partition-dir {folder}", where)
     check_out(args.out)
-    inputs = _inputs(spec.flags("data", "parallel", "checkpoint"))
+    inputs = inputs_of(spec.settings())
     for what, path, folder in inputs + [(where, args.model_file, False)]:
-        how = _overlaps(args.out, path, folder)
+        how = overlaps(args.out, path, folder)
         if how:
             raise InputError(f"--out {args.out} would {how} {what}; give another folder")
     job = PredictJob(os.path.abspath(args.model_file), args.out, embeddings,

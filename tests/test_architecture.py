@@ -19,7 +19,7 @@ from .graphs import random_graph
 
 def test_run_spec_defaults_are_the_parsers():
     parsed = vars(build_parser().parse_args([]))
-    spec = RunSpec()
+    spec = RunSpec.of()
     for name, section in SECTION_OF.items():
         # the device is resolved, never "auto"; the weight decay by task (below)
         if name in parsed and name not in ("device", "weight_decay"):

@@ -92,7 +92,7 @@ def test_reorder_refused_where_shards_fix_the_order(tmp_path, capsys):
 def test_auto_order_is_degree_only_for_a_single_process_full_batch_run(tmp_path):
     from gnnpar.training.shard_source import resolve_reorder, vertex_order
     from gnnpar.cli.spec import RunSpec
-    spec = RunSpec()
+    spec = RunSpec.of()
     assert spec.data.reorder == "auto" and vertex_order(spec) == "none"  # unsettled: as given
     assert resolve_reorder(spec, True).data.reorder == "degree"
     assert resolve_reorder(spec, False).data.reorder == "none"  # mini batch, distributed

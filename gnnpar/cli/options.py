@@ -8,9 +8,8 @@ import os
 
 import torch
 
-from gnnpar.datasets import DEFAULT_SPEC, InputError, parse_spec
+from gnnpar.datasets import InputError
 from gnnpar.datasets.limits import check_memory, check_num_classes
-from gnnpar.datasets.owned import cache_overlap, check_writable_folder, refuse_claimed
 from gnnpar.datasets.reorder import ORDERS
 from gnnpar.kernels.algorithms import ALGORITHMS
 from gnnpar.kernels.blocks import BLOCK_LAYOUTS
@@ -24,9 +23,8 @@ from gnnpar.nn.custom_model import is_custom, model_args_dict, parse_model_arg
 from gnnpar.link.options import add_link_args, check_link_args
 from gnnpar.nn.model_registry import built_in, facts
 from gnnpar.nn.models import check_model
-from gnnpar.infer.predict_files import check_out
+from gnnpar.cli.output_paths import check_output_paths
 from gnnpar.cli.plan_cli import add_max_memory_arg, add_model_args, check_model_args
-from gnnpar.training.logged import check_log_free
 from gnnpar.training.resume import check_checkpoint_args
 from gnnpar.training.trainer import LINK_WEIGHT_DECAY, NODE_WEIGHT_DECAY
 from gnnpar.sampling.options import add_minibatch_args, check_mode_args
@@ -210,12 +208,25 @@ RANK_PROCESS_BYTES = 150 * 2 ** 20
 
 def check_args(args) -> None:
     """Refuse values that cannot work, and flags the run would ignore, with the flag's name in
-    the message; output paths are checked here too, before any work."""
+    the message: each ``--help`` group's flags by the check beside them (the run spec's
+    sections, :mod:`gnnpar.cli.spec`), the cheap ones first; then what the flags imply on disk
+    and in memory — the sizes (``data``), the output paths (``output``) and the checkpoint
+    folder (``checkpoints``) — all before any work."""
     check_bounds(args)  # every count and size flag in its range (gnnpar.cli.cli_common.BOUNDS)
+    check_training_args(args)
+    check_distributed_args(args)
+    check_mode_args(args)  # mini batch: gnnpar/sampling/options.py
+    check_link_args(args)  # link prediction: gnnpar/link/options.py
+    check_model_group(args)
+    check_sizes(args, max_memory_bytes(args.max_memory))
+    check_output_paths(args)
+    check_checkpoint_args(args)  # gnnpar/training/resume.py
+
+
+def check_training_args(args) -> None:
+    """The ``training`` group, and ``--profile``'s epoch (of ``--epochs``)."""
     if args.epochs < 0:
         raise InputError(f"--epochs must be >= 0, got {args.epochs}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise InputError(f"--dropout must be in [0, 1), got {args.dropout}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise InputError(f"--lr must be a finite number > 0, got {args.lr}")
     if args.weight_decay is not None and not (math.isfinite(args.weight_decay)
@@ -223,14 +234,22 @@ def check_args(args) -> None:
         raise InputError(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, got {args.threads}")
-    if args.nprocs is not None and args.nprocs < 1:
-        raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
     if args.precision == "tf32" and (args.device == "cpu" or args.device == "auto"
                                      and not torch.cuda.is_available()):
         raise InputError("--precision tf32 is a mode of CUDA's matrix products; this run is "
                          "on the CPU (use fp32 or bf16)")
+    if args.profile is not None and not 0 <= args.profile < args.epochs:
+        raise InputError(f"--profile {args.profile} is not an epoch of this run "
+                         f"(0..{args.epochs - 1})")
+
+
+def check_distributed_args(args) -> None:
+    """The ``distributed full-batch`` group: the ranks, the flags only some ``--algo`` read
+    (:func:`check_algo_flags`), the wire, the timeout and the cost model's flags
+    (:func:`gnnpar.cli.plan_cli.check_model_args`)."""
+    if args.nprocs is not None and args.nprocs < 1:
+        raise InputError(f"--nprocs must be >= 1, got {args.nprocs}")
     check_algo_flags(args)
-    check_mode_args(args)
     if args.algo == "serial" and (args.nprocs or 1) > 1 and args.mode != "minibatch":
         raise InputError(f"--nprocs > 1 needs a distributed --algo ({', '.join(ALGORITHMS)})")
     if args.block_layout != "balanced" and args.mode == "minibatch":
@@ -245,16 +264,16 @@ def check_args(args) -> None:
     if args.timeout > MAX_TIMEOUT_S:  # it becomes a timedelta and C timeouts in every rank
         raise InputError(f"--timeout must be at most {MAX_TIMEOUT_S:,} seconds (a week), "
                          f"got {args.timeout:g}")
-    if args.profile is not None and not 0 <= args.profile < args.epochs:
-        raise InputError(f"--profile {args.profile} is not an epoch of this run "
-                         f"(0..{args.epochs - 1})")
-    check_link_args(args)
+    check_model_args(args)
+
+
+def check_model_group(args) -> None:
+    """The ``model`` group: ``--dropout``, the model's name (a user's factory is built once
+    here, so it comes after the cheap checks) and a GAT's attention flags."""
+    if not 0.0 <= args.dropout < 1.0:
+        raise InputError(f"--dropout must be in [0, 1), got {args.dropout}")
     check_model_name(args)
     check_attention_args(args)
-    check_model_args(args)
-    check_sizes(args, max_memory_bytes(args.max_memory))
-    check_output_paths(args)
-    check_checkpoint_args(args)
 
 
 class AppendTuple(argparse.Action):
@@ -328,122 +347,3 @@ def _shard_widths(partition_dir):
         raise InputError(f"{where}: num_features {f_in} and num_classes {f_out} must be >= 1; "
                          "rewrite the shards with gnnpar-partition")
     return f_in, f_out, f" on the shards' {f_in:,} features and {f_out:,} classes"
-
-
-# ---------------------------------------------------------------- output paths
-def _dataset_inputs(args):
-    """(what, path, is_folder) of the file or folder the dataset is read from."""
-    kind, params = parse_spec(args.dataset or DEFAULT_SPEC)
-    if params.get("path"):
-        return [(f"the dataset ({kind}:{params['path']})", params["path"], False)]
-    if params.get("dir"):
-        return [(f"the dataset ({kind}:{params['dir']})", params["dir"], True)]
-    return []
-
-
-def _inputs(args):
-    """Paths a run reads or owns, which no output file may be or lie inside."""
-    out = _dataset_inputs(args)
-    for flag in ("partition_dir", "checkpoint_dir", "cache_dir"):
-        value = getattr(args, flag, None)
-        if value:
-            out.append((f"--{flag.replace('_', '-')} {value}", value,
-                        "cache" if flag == "cache_dir" else True))
-    return out
-
-
-def _overlaps(out: str, inp: str, folder: bool = False) -> str:
-    """"overwrite" when ``out`` is ``inp`` (by inode or resolved path), "write into" when it
-    lies inside ``inp``, a folder (``folder``: one, existing or not, gnnpar reads or owns;
-    ``"cache"``: a --cache-dir, of which gnnpar owns only the entries)."""
-    if folder == "cache":
-        return cache_overlap(out, inp)
-    try:
-        if os.path.exists(out) and os.path.exists(inp) and os.path.samefile(out, inp):
-            return "overwrite"
-    except OSError:
-        pass
-    ro, ri = os.path.realpath(out), os.path.realpath(inp)
-    if ro == ri:
-        return "overwrite"
-    inside = ro.startswith(ri.rstrip(os.sep) + os.sep)
-    return "write into" if inside and (folder or os.path.isdir(ri)) else ""
-
-
-def check_output_file(flag: str, path: str, inputs=()) -> None:
-    """Refuse an output file that cannot be written, or would overwrite an input: a folder, a
-    file we may not write, a parent path that is a file or not writable, a path that is (or
-    lies inside) one of ``inputs`` (``(what, path, is_folder)``), or one inside any gnnpar
-    folder (:func:`~gnnpar.datasets.owned.refuse_claimed`: another run's shards, checkpoints
-    or dataset cache)."""
-    if not path:
-        raise InputError(f"{flag} needs a file path")
-    if os.path.isdir(path):
-        raise InputError(f"{flag} {path} is a folder; give a file path")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise InputError(f"{flag} {path}: no permission to write this file")
-    for what, inp, folder in inputs:
-        how = _overlaps(path, inp, folder)
-        if how:
-            raise InputError(f"{flag} {path} would {how} {what}; give another path")
-    refuse_claimed(flag, path)
-    if not os.path.exists(path) or os.path.isfile(path):  # not a device such as /dev/stdout
-        check_writable_folder(os.path.dirname(os.path.abspath(path)), flag, f"{flag} {path}")
-
-
-def check_output_paths(args) -> None:
-    """``--log-json``, ``--save-model``, ``--profile-dir`` (with ``--profile``) and the folders
-    the run writes into, checked before any work, so a finished run never fails at writing its
-    results and no output lands in a gnnpar folder that is not its own."""
-    inputs = _inputs(args)
-    outputs = [(f"--{flag.replace('_', '-')}", getattr(args, flag)) for flag in
-               ("log_json", "save_model") if getattr(args, flag, None) is not None]
-    for flag, path in outputs:
-        check_output_file(flag, path, inputs)
-    if len(outputs) == 2:
-        first = outputs[0][1]
-        device = os.path.exists(first) and not os.path.isfile(first)  # /dev/null twice is fine
-        if not device and _overlaps(first, outputs[1][1]) == "overwrite":
-            raise InputError(f"--log-json and --save-model name the same file ({first}); "
-                             "give two paths")
-    if args.profile is not None:
-        check_writable_folder(args.profile_dir, "--profile-dir")
-        for what, inp, folder in inputs:
-            if _overlaps(args.profile_dir, inp, folder):
-                raise InputError(f"--profile-dir {args.profile_dir} would write into {what}; "
-                                 "give another folder")
-        refuse_claimed("--profile-dir", args.profile_dir, include_self=True)
-    if getattr(args, "save_predictions", None) is not None:
-        check_out(args.save_predictions, "--save-predictions")
-        for what, inp, folder in inputs:
-            how = _overlaps(args.save_predictions, inp, folder)
-            if how:
-                raise InputError(f"--save-predictions {args.save_predictions} would {how} "
-                                 f"{what}; give another folder")
-        for flag, path in outputs:
-            if _overlaps(path, args.save_predictions, True):
-                raise InputError(f"{flag} {path} lies inside --save-predictions "
-                                 f"{args.save_predictions}, which holds only predictions; "
-                                 "give a path outside it")
-    check_output_folders(args)
-    check_log_free(getattr(args, "log_json", None))  # another live run writing it: exit 2
-
-
-def check_output_folders(args) -> None:
-    """The folders the run writes into (``--checkpoint-dir``, ``--cache-dir``, a
-    ``--partition-dir`` it would fill) lie inside no gnnpar folder and not inside each other
-    (a cache inside a shard folder would block rewriting it); ``--cache-dir`` is no gnnpar
-    folder itself (the checkpoint and shard folders' own kind is checked when claimed)."""
-    folders = [(flag, getattr(args, flag.lstrip("-").replace("-", "_"), None))
-               for flag in ("--checkpoint-dir", "--cache-dir", "--partition-dir")]
-    folders = [(flag, path) for flag, path in folders if path]
-    for flag, path in folders:
-        if flag == "--partition-dir" and os.path.lexists(os.path.join(path, "meta.json")):
-            continue  # shards already there: read, not written
-        refuse_claimed(flag, path, include_self=flag == "--cache-dir")
-    for flag, path in folders:
-        for other, where in folders:
-            kind = "cache" if other == "--cache-dir" else True  # a cache: only its entries
-            if other != flag and _overlaps(path, where, kind):
-                raise InputError(f"{flag} {path} lies inside {other} {where}; give folders "
-                                 "that do not hold one another")

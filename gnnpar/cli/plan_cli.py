@@ -53,7 +53,10 @@ def _positive_finite(flag: str, value) -> None:
         raise InputError(f"{flag} must be a finite number > 0, got {value}")
 
 
-def _check_model_flags(args) -> None:
+def check_model_args(args) -> None:
+    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto), checked
+    and nothing else: gnnpar-train's run spec carries ``--calibration``, which its launcher's
+    plan reads (:func:`machine_from`)."""
     _positive_finite("--bandwidth", args.bandwidth)
     _positive_finite("--latency", args.latency)
     path = getattr(args, "calibration", None)
@@ -61,13 +64,6 @@ def _check_model_flags(args) -> None:
         Machine.load(path)  # refused now, not after the dataset is loaded
     if args.mem_cap is not None and parse_bytes(args.mem_cap) <= 0:
         raise InputError(f"--mem-cap must be > 0, got {args.mem_cap}")
-
-
-def check_model_args(args) -> None:
-    """The cost model's flags (shared by gnnpar-plan and gnnpar-train --algo auto), checked
-    and nothing else: gnnpar-train's run spec carries ``--calibration``, which its launcher's
-    plan reads (:func:`machine_from`)."""
-    _check_model_flags(args)
 
 
 def check_world(world: int, flag: str = "--world") -> None:
@@ -216,7 +212,7 @@ def run(args) -> int:
         raise InputError("--partitioner needs --dataset (the graph to partition)")
     if args.dataset is None and (args.nodes is None or args.edges is None):
         raise InputError("give --dataset SPEC, or --nodes N and --edges M")
-    _check_model_flags(args)
+    check_model_args(args)
     check_heads(args.model, args.heads, args.hidden)
     if args.world < 1:
         raise InputError(f"--world must be >= 1, got {args.world}")

@@ -107,7 +107,7 @@ class ParallelSpec:
     algo: str = "serial"  #: after the launcher, never "auto"
     nprocs: Optional[int] = None
     grid: Optional[str] = None
-    grid_dims: Optional[Tuple[int, ...]] = None  #: ``grid`` parsed
+    grid_dims: Optional[Tuple[int, ...]] = None  #: ``grid`` parsed (by RunSpec.of/evolve)
     replication: Optional[int] = None
     partitioner: Optional[str] = None
     partition_dir: Optional[str] = None
@@ -120,14 +120,6 @@ class ParallelSpec:
     latency: Optional[float] = None
     calibration: Optional[str] = None
     timeout: float = 300.0
-
-    def __post_init__(self):
-        object.__setattr__(self, "grid_dims", parse_grid(self.grid) if self.grid else None)
-
-    @property
-    def entry(self):
-        """The registry entry of ``algo`` (:mod:`gnnpar.kernels.algorithms`); None for serial."""
-        return None if self.algo == "serial" else algorithm(self.algo)
 
 
 @dataclass(frozen=True)
@@ -182,17 +174,18 @@ class RunSpec:
     batch: BatchSpec = field(default_factory=BatchSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
-    def __post_init__(self):
-        if self.train.weight_decay is None:  # resolved once: checkpoints record the value used
-            object.__setattr__(self, "train", dataclasses.replace(
-                self.train, weight_decay=default_weight_decay(self.link.task)))
-
     @classmethod
     def of(cls, **flags) -> "RunSpec":
         """A spec from flag names (``RunSpec.of(algo="1d", nprocs=2)``), each routed to its
-        section; the rest are the parser's defaults. An unknown name is a TypeError."""
-        return cls(**{name: SECTIONS[name](**values)
-                      for name, values in _by_section(flags).items()})
+        section; the rest are the parser's defaults, and an unknown name is a TypeError. The
+        weight decay left unset is resolved here, by task, once (checkpoints record the value
+        used); build specs with this (or :meth:`from_args`), not the bare constructor."""
+        sections = {name: SECTIONS[name](**values) for name, values in _by_section(flags).items()}
+        train, task = sections.get("train", TrainSpec()), flags.get("task", "node")
+        if train.weight_decay is None:
+            sections["train"] = dataclasses.replace(train,
+                                                    weight_decay=default_weight_decay(task))
+        return cls(**sections)
 
     @classmethod
     def from_args(cls, args) -> "RunSpec":
@@ -231,18 +224,14 @@ class RunSpec:
                              f"{world}")
         return shape
 
-    def flags(self, *sections: str) -> SimpleNamespace:
-        """The fields of the named sections as one namespace of flag names, for code that
-        takes parsed flags (:func:`gnnpar.cli.plan_cli.plan`, gnnpar-plan's model)."""
-        return SimpleNamespace(**{f.name: getattr(getattr(self, s), f.name) for s in sections
-                                  for f in dataclasses.fields(SECTIONS[s])})
-
     def settings(self) -> SimpleNamespace:
-        """The model, training and parallel sections' fields as one namespace of flag names:
-        the ``settings`` that the algorithms' options (``Algorithm.options``) and the cost
-        model (:func:`gnnpar.cli.plan_cli.plan`) read, as they read gnnpar-plan's flags —
-        ``kernels/`` knows flags, not this module's sections."""
-        return self.flags("model", "train", "parallel")
+        """Every field as one namespace of flag names, for code that takes parsed flags: the
+        ``settings`` the algorithms' options (``Algorithm.options``) and the cost model
+        (:func:`gnnpar.cli.plan_cli.plan`) read as they read gnnpar-plan's flags
+        (``kernels/`` knows flags, not this module's sections), and the output-path checks
+        that gnnpar-predict shares with gnnpar-train."""
+        return SimpleNamespace(**{f.name: getattr(getattr(self, s), f.name)
+                                  for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)})
 
     @property
     def minibatch(self) -> bool:
@@ -257,13 +246,15 @@ class RunSpec:
 
 def _by_section(flags: dict) -> Dict[str, dict]:
     """Flag name -> value, as section name -> its flags' values (TypeError naming any name
-    that is no flag; ``grid_dims`` is derived from ``grid``, never given)."""
+    that is no flag). ``grid_dims`` is derived here from ``grid``, never given."""
     unknown = sorted(set(flags) - set(SECTION_OF) | set(flags) & {"grid_dims"})
     if unknown:
         raise TypeError(f"RunSpec has no flag {', '.join(unknown)}")
     out: Dict[str, dict] = {}
     for name, value in flags.items():
         out.setdefault(SECTION_OF[name], {})[name] = value
+    if "grid" in flags:
+        out["parallel"]["grid_dims"] = parse_grid(flags["grid"]) if flags["grid"] else None
     return out
 
 
