@@ -269,7 +269,7 @@ def _name(dtype: torch.dtype) -> str:
 
 
 def _keep(path: str, entries: dict, key: str, name: str, times: Dict, probe_s: float,
-          decide: Callable[[Dict], Any] = None) -> Any:
+          decide: Optional[Callable[[Dict], Any]] = None) -> Any:
     """Put the rule ``decide(times)`` (default :func:`rule_of`) into ``entries`` and the file
     (the lock held); returns it."""
     rule = (decide or rule_of)(times)

@@ -217,3 +217,26 @@ def test_bench_rank_start_reports_every_variant():
     rows = [ln.split() for ln in res.stdout.splitlines() if "median rank CPU" in ln]
     assert [r[0] for r in rows] == ["with", "unwarmed", "without"]
     assert all(0 < float(r[4]) < 60 for r in rows) and "load" in res.stdout
+
+
+def test_bench_bf16_dense_times_every_side():
+    """scripts/bench_bf16_dense.py, one round of one epoch on a small graph: the three training
+    runs (bf16 with each dense product, fp32), the probe's products, the ratio and the JSON
+    line with the commit and the load."""
+    import json
+    import sys
+    res = subprocess.run([sys.executable, "scripts/bench_bf16_dense.py", "--dataset",
+                          "sbm:n=300,blocks=3,p_in=0.05,p_out=0.005,feat=8,seed=0",
+                          "--epochs", "1", "--rounds", "1", "--threads", "1"], cwd=ROOT,
+                         capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    medians = [ln.split() for ln in res.stdout.splitlines() if " median " in ln]
+    assert [m[0] for m in medians] == ["train_bf16_gemm", "train_fp32_gemms", "train_fp32_run"]
+    assert all(0 <= float(m[5]) <= 1 for m in medians)  # test accuracies
+    assert "train_fp32_gemms / train_bf16_gemm = " in res.stdout
+    record = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(record["times_s"]) == {m[0] for m in medians}
+    assert all(len(t) == 1 and t[0] > 0 for t in record["times_s"].values())
+    [probe] = record["probes"]
+    assert probe and all(native > 0 and up > 0 for native, up in probe.values())
+    assert record["commit"] and record["threads"] == 1 and record["load_end"] >= 0
