@@ -16,17 +16,21 @@ def joins_a_second_world(rank, world, folder):
     """Leave the spawned world, then join a second one in which rank 1's join fails after
     its process group was made (as when gloo's connections broke while the world connected,
     which cannot be provoked at will): say what each rank's ``join`` raised, and whether the
-    rank went on to its work."""
+    rank went on to its work. Rank 1 breaks only once rank 0 has said it joined (its key in
+    the agreement store), so rank 0's own connect cannot fail on rank 1 leaving first: the
+    report is then always rank 1's."""
     dist.destroy_process_group()
+    store = os.path.join(folder, "second")
     if rank == 1:
         real = rank_join.init_process_group
 
         def breaks_after_joining(*a, **kw):
             real(*a, **kw)
+            dist.FileStore(store + ".joined", -1).wait(["rank0"])
             raise RuntimeError("Connection closed by peer [127.0.0.1]:1")
         rank_join.init_process_group = breaks_after_joining
     try:
-        rank_join.join("gloo", os.path.join(folder, "second"), rank, world, 30.0)
+        rank_join.join("gloo", store, rank, world, 30.0)
     except rank_join.JoinFailure as e:
         return f"JoinFailure: {e}"
     return "worked"
