@@ -30,23 +30,12 @@ products of 2²⁰ entries (about a second), run once per machine key by the fir
 whose product is large enough to be decided by it; the cache entry records what it took
 (``probe_s``, numba's import and the kernel's first load included).
 
-**The cache.** The rule is kept in ``spmm_rule.json`` under ``$GNNPAR_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/gnnpar``, else ``~/.cache/gnnpar``), one entry per machine key
-(:func:`machine_key`: the CPU's model name and instruction-set flags, torch's and numba's
-versions, the thread count) and dtype, with the times it was decided from and the load average
-then (other per-machine product choices keep theirs beside them under their own names:
-:func:`decided`, :mod:`gnnpar.nn.bf16_dense`). The file is read and written under an exclusive
-``flock`` on ``spmm_rule.json.lock``, and the entry looked up again once the lock is held:
-ranks that start together do not each probe; the first measures and writes, the others wait for
-it and read its entry. The file is replaced whole (a temporary file renamed over it), so a
-reader never sees half of it. A file that cannot be parsed, or an entry of another shape, is
-ignored: the probe runs again and the file is rewritten. ``python scripts/bench_spmm.py --probe
---write`` measures again and replaces the entries (e.g. once the machine is quiet).
-
-**Where the probe cannot run** (the cache folder cannot be created or written, the lock is not
-had within :data:`LOCK_WAIT_S`, or a product of the probe fails) the caller's fixed rule
-serves. Probing in each process instead would let two ranks of one run, or a run and its
-``--resume``, decide differently on noisy timings; the fixed rule is the same everywhere.
+**The cache.** The rule is kept per machine key and dtype in the per-machine cache
+(:mod:`.machine_rules`: one file, ``flock``-ed, the first of ranks that start together probes
+and the others read its entry), with the times it was decided from and the load average then.
+``python scripts/bench_spmm.py --probe --write`` measures again and replaces the entries (e.g.
+once the machine is quiet). Where the probe cannot run or be kept, the caller's fixed rule
+serves, the same everywhere.
 
 The choice changes only a product's last bits, within the rounding of its sum: both products
 add each row's entries in CSR order in float32 (``tests/exact.py`` states the bound). A run and
@@ -55,35 +44,24 @@ or ``fixed``) pins the choice without probing.
 """
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import hashlib
-import json
 import os
-import platform
-import tempfile
 import time
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
-#: folder of gnnpar's small per-machine caches (this rule); see the module docstring
-CACHE_ENV = "GNNPAR_CACHE_DIR"
-FILE_NAME = "spmm_rule.json"
-#: the file's format; a file of another version is ignored and rewritten (2: the probe's
-#: matrix 2¹⁷ rows tall, not 2¹⁴, so version-1 rules are measured again)
-VERSION = 2
+# the cache's names are this module's too: the rule's tests and scripts name them here
+from .machine_rules import (CACHE_ENV, FILE_NAME, LOCK_WAIT_S, VERSION, _locked,  # noqa: F401
+                            cache_path, decided, keep, machine_key, read_cache)
+
 PROBE_ROWS = 1 << 17
 PROBE_DEGREE = 8
 PROBE_WIDTHS = (32, 64, 128)
 PROBE_ROUNDS = 3
 #: the kernel takes a width where its best time is under this fraction of torch's
 MARGIN = 0.9
-#: seconds a process waits for another's probe before it takes the fixed rule
-LOCK_WAIT_S = 60.0
 
 Rule = Optional[Tuple[int, int]]
 #: ``(A, h, out) -> out``: one side's product into a reused output
@@ -100,45 +78,6 @@ def measurable(width: int, work: int) -> bool:
     the probe measures: only such a product can be given to the kernel by a measured rule,
     so a smaller one never starts the probe."""
     return width >= PROBE_WIDTHS[0] and work >= probe_nnz() * PROBE_WIDTHS[0]
-
-
-def cache_dir() -> str:
-    """``$GNNPAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/gnnpar``, else ``~/.cache/gnnpar``."""
-    given = os.environ.get(CACHE_ENV)
-    if given:
-        return given
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gnnpar")
-
-
-def _cpu() -> Tuple[str, str]:
-    """The CPU's model name and its instruction-set flags (``/proc/cpuinfo``), else what
-    :mod:`platform` knows."""
-    model, flags = "", ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                name, _, value = line.partition(":")
-                name = name.strip().lower()
-                if name in ("model name", "cpu model", "hardware") and not model:
-                    model = value.strip()
-                elif name in ("flags", "features") and not flags:
-                    flags = " ".join(sorted(value.split()))
-                if model and flags:
-                    break
-    except OSError:
-        pass
-    return model or platform.processor() or "unknown", flags
-
-
-def machine_key(threads: int) -> str:
-    """What the rule depends on: CPU model, its flags (hashed), torch's and numba's
-    versions, and the thread count."""
-    import numba
-    model, flags = _cpu()
-    digest = hashlib.sha1(flags.encode()).hexdigest()[:12]
-    return (f"{platform.machine()} {model} flags:{digest} torch {torch.__version__} "
-            f"numba {numba.__version__} threads {threads}")
 
 
 def probe_matrix() -> torch.Tensor:
@@ -203,60 +142,6 @@ def _entry_rule(entry) -> Tuple[bool, Rule]:
     return False, None
 
 
-def read_cache(path: str) -> dict:
-    """The file's entries, ``{key: {dtype name: entry}}``; empty for a missing or unreadable
-    file or one of another format or version."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    if not (isinstance(data, dict) and data.get("version") == VERSION
-            and isinstance(data.get("entries"), dict)):
-        return {}
-    return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
-
-
-def _write_cache(path: str, entries: dict) -> None:
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".spmm_rule.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"version": VERSION, "entries": entries}, fh, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from a shared cache's readers
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def _locked(path: str, wait_s: float):
-    """An exclusive ``flock`` on ``path`` (created if need be) for a ``with`` block; raises
-    :class:`TimeoutError` after ``wait_s`` seconds of another holder."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{path} held by another process") from None
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)  # drops the lock
-
-
-def cache_path() -> str:
-    return os.path.join(cache_dir(), FILE_NAME)
-
-
 def cached_entry(dtype: torch.dtype, threads: int) -> Optional[dict]:
     """This machine's cached entry for ``dtype`` at ``threads`` threads, if a valid one is
     kept (read without the lock: the file is only ever replaced whole)."""
@@ -268,20 +153,6 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _keep(path: str, entries: dict, key: str, name: str, times: Dict, probe_s: float,
-          decide: Optional[Callable[[Dict], Any]] = None) -> Any:
-    """Put the rule ``decide(times)`` (default :func:`rule_of`) into ``entries`` and the file
-    (the lock held); returns it."""
-    rule = (decide or rule_of)(times)
-    entries.setdefault(key, {})[name] = {
-        "rule": list(rule) if isinstance(rule, tuple) else rule,
-        "times_s": {str(w): [k, s] for w, (k, s) in sorted(times.items())},
-        "probe_s": round(probe_s, 4), "load": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(), "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    _write_cache(path, entries)
-    return rule
-
-
 def measured_rule(dtype: torch.dtype, threads: int, kernel_mm: Product, torch_mm: Product,
                   fallback: Rule) -> Rule:
     """The size rule for ``dtype`` at ``threads`` threads on this machine: the cached entry,
@@ -289,33 +160,6 @@ def measured_rule(dtype: torch.dtype, threads: int, kernel_mm: Product, torch_mm
     docstring)."""
     return decided(_name(dtype), threads, lambda: measure(dtype, kernel_mm, torch_mm),
                    rule_of, _entry_rule, fallback)
-
-
-def decided(name: str, threads: int, probe: Callable[[], Dict], decide: Callable[[Dict], Any],
-            entry_rule: Callable[[Any], Tuple[bool, Any]], fallback: Any) -> Any:
-    """A rule of this machine at ``threads`` threads kept in the cache under ``name``: the
-    cached entry where ``entry_rule(entry)`` finds it valid, else ``decide(probe())`` measured
-    now (one process at a time, the lock held) and cached; ``fallback`` where that cannot be
-    done. The SpMM size rules are ``name`` = their dtype; other product choices
-    (:mod:`gnnpar.nn.bf16_dense`) keep theirs in the same file under their own names."""
-    try:
-        path = cache_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        key = machine_key(threads)
-        valid, rule = entry_rule(read_cache(path).get(key, {}).get(name))
-        if valid:
-            return rule
-        with _locked(path + ".lock", LOCK_WAIT_S):
-            entries = read_cache(path)  # another process may have probed while this one waited
-            valid, rule = entry_rule(entries.get(key, {}).get(name))
-            if valid:
-                return rule
-            t = time.perf_counter()
-            times = probe()
-            _keep(path, entries, key, name, times, time.perf_counter() - t, decide)
-            return entry_rule(entries[key][name])[1]  # as a later process reads it
-    except Exception:  # noqa: BLE001 - no cache, no lock or a failed product: the fixed rule
-        return fallback
 
 
 def store(dtype: torch.dtype, threads: int, times: Dict[int, Tuple[float, float]],
@@ -326,5 +170,5 @@ def store(dtype: torch.dtype, threads: int, times: Dict[int, Tuple[float, float]
     path = cache_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with _locked(path + ".lock", LOCK_WAIT_S):
-        return _keep(path, read_cache(path), machine_key(threads), _name(dtype), times,
-                     probe_s)
+        return keep(path, read_cache(path), machine_key(threads), _name(dtype), times,
+                    probe_s, rule_of)

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from gnnpar.kernels import cpu_spmm_probe
+from gnnpar.kernels import machine_rules
 from gnnpar.nn import bf16_dense
 from gnnpar.nn.models import GNN
 
@@ -76,14 +76,14 @@ def test_outside_bf16_autocast_the_product_is_torchs_float32_one(monkeypatch):
 def test_the_choice_is_measured_once_and_read_back(tmp_path, monkeypatch):
     """auto: the first call probes and writes the machine's entry; a later process reads the
     same choice; a pinned value and a bad one."""
-    monkeypatch.setenv(cpu_spmm_probe.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(machine_rules.CACHE_ENV, str(tmp_path))
     monkeypatch.delenv(bf16_dense.ENV, raising=False)
     monkeypatch.setattr(bf16_dense, "PROBE_SHAPES", ((256, 16, 8),))
     bf16_dense._measured.cache_clear()
     try:
         first = bf16_dense.upcasts()
-        entries = json.loads((tmp_path / cpu_spmm_probe.FILE_NAME).read_text())["entries"]
-        entry = entries[cpu_spmm_probe.machine_key(torch.get_num_threads())]["dense_bf16"]
+        entries = json.loads((tmp_path / machine_rules.FILE_NAME).read_text())["entries"]
+        entry = entries[machine_rules.machine_key(torch.get_num_threads())]["dense_bf16"]
         assert entry["rule"] == ("fp32" if first else "bf16")
         assert list(entry["times_s"]) == ["256x16x8"]
         bf16_dense._measured.cache_clear()
@@ -107,7 +107,7 @@ def test_the_rule_and_its_fixed_choice(tmp_path, monkeypatch):
     assert bf16_dense.entry_rule({"rule": [1, 2]})[0] is False
     blocked = tmp_path / "file"
     blocked.write_text("")
-    monkeypatch.setenv(cpu_spmm_probe.CACHE_ENV, os.path.join(str(blocked), "sub"))
+    monkeypatch.setenv(machine_rules.CACHE_ENV, os.path.join(str(blocked), "sub"))
     monkeypatch.delenv(bf16_dense.ENV, raising=False)
     bf16_dense._measured.cache_clear()
     try:

@@ -19,7 +19,7 @@ bf16 values with a bf16 result, as autocast's backward rounds its gradients. A u
 ``nn.Linear`` stays under autocast.
 
 **Which one** (:func:`upcasts`) is measured once per machine, key and thread count, and kept
-in the same cache file as the SpMM size rules (:mod:`gnnpar.kernels.cpu_spmm_probe`): the
+in the per-machine cache beside the SpMM size rules (:mod:`gnnpar.kernels.machine_rules`): the
 first bf16 process times both on :data:`PROBE_SHAPES` (best of :data:`PROBE_ROUNDS`
 interleaved rounds after a warm-up) and takes the float32 GEMMs where they take under
 :data:`MARGIN` × the bf16 GEMM's time at every shape; every later process, every rank of a
@@ -37,7 +37,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from gnnpar.kernels import cpu_spmm_probe
+from gnnpar.kernels import machine_rules
 from gnnpar.kernels.local import autocast_dtype
 
 ENV = "GNNPAR_BF16_DENSE"
@@ -70,7 +70,7 @@ def upcasts() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _measured(threads: int) -> bool:
-    return cpu_spmm_probe.decided(NAME, threads, measure, decide, entry_rule, False)
+    return machine_rules.decided(NAME, threads, measure, decide, entry_rule, False)
 
 
 def measure(rounds: int = PROBE_ROUNDS) -> Dict[str, Tuple[float, float]]:
