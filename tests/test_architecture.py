@@ -121,3 +121,14 @@ def test_ranks_agree_on_a_typed_failure_not_on_its_text():
     like an old text tag is taken as words, the lowest failing rank wins."""
     for agreed, none in spawn(_agree_body, 3, timeout_s=60):
         assert agreed == (0, "I: looks like a prefix") and none is None
+
+
+def test_the_library_reads_the_run_spec_by_its_sections():
+    """No ``getattr(spec, name, default)`` in the library: a reader names the section and the
+    field (``spec.parallel.algo``), so a misspelt or moved field fails at once."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent
+    found = [f"{p.relative_to(root)}:{i}" for d in ("gnnpar", "kernels", "partitioners", "datasets")
+             for p in sorted((root / d).rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "getattr(spec" in line]
+    assert found == []
