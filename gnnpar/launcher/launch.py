@@ -39,6 +39,7 @@ from gnnpar.cli.plan_cli import plan
 from gnnpar.training.rank import run_rank
 from gnnpar.training.shard_source import (ShardSource, check_shard_flags, has_shards, load_graph,
                                           prepare_shards, resolve_reorder, run_partition)
+from gnnpar.launcher.server_fork import start_now
 from gnnpar.launcher.spawn import SpawnError, spawn
 from gnnpar.cli.spec import RunSpec
 from gnnpar.launcher.watchdog import EXIT_PEER_LOST, EXIT_PREEMPTED, Watchdog
@@ -74,6 +75,8 @@ def run_distributed(spec: RunSpec, job: Callable = run_rank) -> dict:
     """Spawn ``--nprocs`` local ranks, or join the world of the launcher that started this
     process."""
     info = detect_world(spec.parallel.nprocs)
+    if info.source == "local" and torch.device(spec.train.device).type == "cpu":
+        start_now()  # the ranks' fork server, forked from this process before it loads data
     graph = part = None
     if spec.parallel.algo == "auto":
         spec, graph, part = choose_algorithm(spec, info.world_size,
