@@ -240,3 +240,16 @@ def test_bench_bf16_dense_times_every_side():
     [probe] = record["probes"]
     assert probe and all(native > 0 and up > 0 for native, up in probe.values())
     assert record["commit"] and record["threads"] == 1 and record["load_end"] >= 0
+
+
+def test_bench_server_fork_times_both_starts():
+    """scripts/bench_server_fork.py, one round: a forked and a new-interpreter server's run,
+    each with its tree's CPU and wall seconds, the medians and the load."""
+    import sys
+    res = subprocess.run([sys.executable, "scripts/bench_server_fork.py", "--rounds", "1"],
+                         cwd=ROOT, capture_output=True, text=True, env=clean_env(), timeout=300)
+    assert res.returncode == 0, res.stderr
+    medians = [ln.split() for ln in res.stdout.splitlines() if " median " in ln]
+    assert [m[0] for m in medians] == ["forked", "interpreter"]
+    assert all(0 < float(m[3]) < 120 for m in medians), res.stdout
+    assert "load" in res.stdout.splitlines()[0]

@@ -18,7 +18,8 @@ ever seeing its launcher leave), with SIGTERM blocked as ``rank_start`` blocks i
 and that leaves with ``os._exit`` (the launcher's ``atexit`` work and buffered output are the
 launcher's, not the server's). Where any condition fails — another thread, CUDA initialised,
 not Linux, a server already running, a multiprocessing that does not start its server the way
-this module expects — nothing is forked and the server starts as a new interpreter, as before.
+this module expects, or ``GNNPAR_SERVER_FORK=0`` in the environment — nothing is forked and
+the server starts as a new interpreter, as before.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ import torch  # before the threads are counted: numpy's OpenBLAS starts its pool
 
 from gnnpar.launcher.rank_start import context
 
+#: ``0`` here: never fork the server (start it as a new interpreter)
+ENV = "GNNPAR_SERVER_FORK"
 #: how multiprocessing's command for a new fork server begins (``ForkServer.ensure_running``)
 SERVER_COMMAND = "from multiprocessing.forkserver import main"
 
@@ -40,7 +43,7 @@ def start_now(dynamo: bool = False) -> bool:
     the module docstring); ``dynamo`` as :func:`gnnpar.launcher.rank_start.context`'s.
     Returns whether the server was forked; otherwise nothing changed and the first spawn
     starts it as a new interpreter."""
-    if not _clean():
+    if os.environ.get(ENV) == "0" or not _clean():
         return False
     from multiprocessing import forkserver, resource_tracker, util
     if context(dynamo).get_start_method() != "forkserver":
