@@ -50,3 +50,54 @@ def readme_gin() -> str:
     end = readme.find("\n## ", start)
     section = readme[start:end if end > 0 else len(readme)]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+#: the console scripts' functions (setup.cfg's ``console_scripts``)
+MAINS = {"gnnpar-train": "gnnpar.train", "gnnpar-partition": "gnnpar.cli.partition_cli",
+         "gnnpar-plan": "gnnpar.cli.plan_cli", "gnnpar-report": "gnnpar.cli.report",
+         "gnnpar-predict": "gnnpar.predict"}
+
+
+STATE = ("folder", "memory limit", "torch threads", "SIGTERM", "SIGINT")
+
+
+def _process_state():
+    import resource
+    import signal
+
+    import torch
+    return (os.getcwd(), resource.getrlimit(resource.RLIMIT_AS), torch.get_num_threads(),
+            signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+
+
+def run_main(tool, *argv, cwd, env=None):
+    """``tool ARGV`` run as its console script runs it — its ``main(argv)`` — but in this
+    process, from ``cwd`` with ``env``'s variables set: for the cases a test expects refused
+    before training (a new interpreter would spend seconds importing torch to print one
+    line). Output is captured as a subprocess's is; the CompletedProcess it returns holds the
+    exit code. The environment is put back as it was (a launch sizes numba's pool through
+    it); a run that leaves other state of this process changed (its folder, memory limit,
+    torch threads, signal handlers) fails the test: such a case belongs in a subprocess
+    (:func:`run_installed`). Each test that uses this runs one case through the installed
+    script too, so the console script's own path stays checked."""
+    import contextlib
+    import importlib
+    import io
+    main = importlib.import_module(MAINS[tool]).main
+    before, environ = _process_state(), dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in argv])
+            except SystemExit as e:  # argparse's exit
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(before[0])
+        os.environ.clear()
+        os.environ.update(environ)
+    changed = [name for name, a, b in zip(STATE, before, _process_state()) if a != b]
+    assert not changed, f"{tool} {argv} changed this process's {changed}: run it as a subprocess"
+    return subprocess.CompletedProcess([tool, *argv], code, out.getvalue(), err.getvalue())

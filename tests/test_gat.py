@@ -13,7 +13,7 @@ from gnnpar.kernels.edge_ops import CsrEdges, EdgeOperator, edge_softmax
 from gnnpar.kernels.local import SparseOperator
 from gnnpar.nn.models import build_model
 
-from .cli_util import run_train
+from .cli_util import run_main, run_train
 
 
 def random_mask(n_dst, n_src, density, seed, loops=True, empty_row=None):
@@ -137,12 +137,14 @@ def test_train_cli_runs_gat_and_refuses_what_it_cannot_run(tmp_path):
     assert losses[-1] < losses[0]
     res = run_train(*base, "--algo", "1d-halo", "--nprocs", "2", "--epochs", "3")
     assert res.returncode == 0, res.stderr[-2000:]
-    for extra, words in ((["--heads", "3"], "multiple of --heads"),
-                         (["--attn-dropout", "1.5"], "--attn-dropout must be")):
-        res = run_train(*base, *extra)
+    # the refusals: the first as a new process, the others as gnnpar-train's main in this one
+    for i, (extra, words) in enumerate(((["--heads", "3"], "multiple of --heads"),
+                                        (["--attn-dropout", "1.5"], "--attn-dropout must be"))):
+        res = run_train(*base, *extra) if i == 0 else run_main("gnnpar-train", *base, *extra,
+                                                                cwd=tmp_path)
         assert res.returncode == 2 and words in res.stderr, res.stderr[-2000:]
         assert len(res.stderr.strip().splitlines()) == 1
-    res = run_train("--model", "gcn", "--heads", "2", "--epochs", "1")
+    res = run_main("gnnpar-train", "--model", "gcn", "--heads", "2", "--epochs", "1", cwd=tmp_path)
     assert res.returncode == 2 and "--heads" in res.stderr
 
 

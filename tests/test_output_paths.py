@@ -16,7 +16,7 @@ from gnnpar.cli.options import build_parser, check_args
 from gnnpar.partitioners import partition_graph, write_shards
 from gnnpar.partitioners.shards import dataset_source
 
-from .cli_util import ROOT
+from .cli_util import ROOT, run_main
 from .test_shard_safety import tree
 
 SPEC = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02"
@@ -126,6 +126,11 @@ def _cli(module, *argv):
                           capture_output=True, text=True, timeout=300)
 
 
+def _main(tool, *argv):
+    """``tool``'s main in this process (:func:`tests.cli_util.run_main`), from the checkout."""
+    return run_main(tool, *argv, cwd=ROOT)
+
+
 def _one_error(res, prog):
     assert res.returncode == 2, res.stderr[-2000:]
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith(f"{prog}: error:")]
@@ -138,16 +143,17 @@ def test_every_tool_refuses_with_exit_2_and_touches_nothing(folders, tmp_path):
     res = _cli("gnnpar.train", "--dataset", SPEC, "--epochs", "1", "--log-json",
                str(shards / "meta.json"))
     _one_error(res, "gnnpar-train")
-    res = _cli("gnnpar.cli.partition_cli", "--dataset", SPEC, "--parts", "2", "--method", "block",
-               "--out", str(ckpt / "rank-00000" / "shards"))
+    # the other tools' mains in this process (the first ran as a new one)
+    res = _main("gnnpar-partition", "--dataset", SPEC, "--parts", "2", "--method", "block",
+                "--out", str(ckpt / "rank-00000" / "shards"))
     _one_error(res, "gnnpar-partition")
-    res = _cli("gnnpar.cli.plan_cli", "--calibrate", "--calibration", str(shards / "calib.json"))
+    res = _main("gnnpar-plan", "--calibrate", "--calibration", str(shards / "calib.json"))
     _one_error(res, "gnnpar-plan")
     log = tmp_path / "run.jsonl"
     log.write_text('{"epoch": 0, "loss": 1.0}\n')
-    res = _cli("gnnpar.cli.report", str(log), "-o", str(shards / "part-00000" / "r.png"))
+    res = _main("gnnpar-report", str(log), "-o", str(shards / "part-00000" / "r.png"))
     _one_error(res, "gnnpar-report")
-    res = _cli("gnnpar.cli.report", str(log), "-o", str(log))
+    res = _main("gnnpar-report", str(log), "-o", str(log))
     assert res.returncode == 2 and "overwrite the log" in res.stderr, res.stderr[-2000:]
     assert (tree(shards), tree(ckpt)) == before
     assert not os.path.exists(ckpt / "rank-00000" / "shards")

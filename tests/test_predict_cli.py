@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from .cli_util import installed, run_installed
+from .cli_util import installed, run_installed, run_main
 from .required import mpirun
 from .test_promises_cli import one_line, readme_gin
 
@@ -199,8 +199,10 @@ def test_bad_input_exits_2_with_one_line(serial_model, tmp_path):
         (["--model-file", "m.pt", *base, "--batch-size", "8", "--algo", "2d"],
          "layer-wise"),
     ]
-    for argv, words in cases:
-        line = one_line(predict(d, *argv, code=None))
+    for i, (argv, words) in enumerate(cases):  # the first through the installed script
+        res = predict(d, *argv, code=None) if i == 0 else run_main("gnnpar-predict", *argv,
+                                                                   cwd=d)
+        line = one_line(res)
         assert words in line, (argv, line)
     assert not trap.exists()
     assert not (tmp_path / "o").exists()

@@ -17,6 +17,8 @@ import pytest
 
 from gnnpar.datasets.spec import cache_entry
 
+from .cli_util import run_main
+
 SPEC = "sbm:n=60,blocks=3,p_in=0.2,p_out=0.02"
 BLOCK = ["--dataset", SPEC, "--parts", "2", "--method", "block", "--quiet"]
 
@@ -33,6 +35,13 @@ def run(cwd, name, *argv, env=None, timeout=300):
     base = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GNNPAR_MAX_BYTES")}
     return subprocess.run([tool(name), *map(str, argv)], cwd=cwd, env={**base, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def in_process(cwd, name, *argv):
+    """:func:`run`'s case as ``name``'s main in this process (:func:`tests.cli_util.run_main`;
+    the test process sets no memory limit)."""
+    assert "GNNPAR_MAX_BYTES" not in os.environ
+    return run_main(name, *argv, cwd=cwd)
 
 
 def refused(res, prog, *words):
@@ -155,15 +164,16 @@ def test_outputs_inside_a_cache_entry_are_refused(tmp_path):
     mine = os.path.relpath(cache_entry("cache", SPEC))
     before = _tree(tmp_path / "cache")
     train = ["--dataset", SPEC, "--epochs", "1", "--quiet", "--cache-dir", "cache"]
-    for entry in (built, mine):
-        refused(run(tmp_path, "gnnpar-train", *train, "--log-json", f"{entry}/log.jsonl"),
+    for entry in (built, mine):  # the installed scripts for the first entry, mains for the other
+        runner = run if entry == built else in_process
+        refused(runner(tmp_path, "gnnpar-train", *train, "--log-json", f"{entry}/log.jsonl"),
                 "gnnpar-train", "--log-json")
-        refused(run(tmp_path, "gnnpar-train", *train, "--checkpoint-dir", f"{entry}/ck"),
+        refused(runner(tmp_path, "gnnpar-train", *train, "--checkpoint-dir", f"{entry}/ck"),
                 "gnnpar-train", "--checkpoint-dir")
-        refused(run(tmp_path, "gnnpar-partition", *BLOCK, "--cache-dir", "cache",
-                    "--out", f"{entry}/shards"), "gnnpar-partition", "--out")
-        refused(run(tmp_path, "gnnpar-partition", *BLOCK, "--cache-dir", "cache",
-                    "--out", entry), "gnnpar-partition", "--out")
-    refused(run(tmp_path, "gnnpar-train", *train, "--cache-dir", built), "gnnpar-train",
+        refused(runner(tmp_path, "gnnpar-partition", *BLOCK, "--cache-dir", "cache",
+                       "--out", f"{entry}/shards"), "gnnpar-partition", "--out")
+        refused(runner(tmp_path, "gnnpar-partition", *BLOCK, "--cache-dir", "cache",
+                       "--out", entry), "gnnpar-partition", "--out")
+    refused(in_process(tmp_path, "gnnpar-train", *train, "--cache-dir", built), "gnnpar-train",
             "--cache-dir")
     assert _tree(tmp_path / "cache") == before

@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+from multiprocessing import forkserver, resource_tracker, util
 
 import torch  # before the threads are counted: numpy's OpenBLAS starts its pool on import
 
@@ -45,7 +46,6 @@ def start_now(dynamo: bool = False) -> bool:
     starts it as a new interpreter."""
     if os.environ.get(ENV) == "0" or not _clean():
         return False
-    from multiprocessing import forkserver, resource_tracker, util
     if context(dynamo).get_start_method() != "forkserver":
         return False
     server = forkserver._forkserver
