@@ -16,8 +16,6 @@ import torch
 
 from gnnpar.kernels.bipartite import block_shard, dst_first_owner
 from gnnpar.nn.models import GNN
-from gnnpar.cli.options import build_parser
-from gnnpar.cli.spec import RunSpec
 from gnnpar.partitioners import Partition, partition_graph
 from gnnpar.partitioners.shard_build import build_shard
 from gnnpar.sampling import SamplingStats
@@ -28,11 +26,8 @@ from gnnpar.launcher.spawn import spawn
 from .graphs import random_graph
 
 from .cli_util import run_train as run_cli
+from .test_minibatch import cli_spec
 GRAPH = dict(n=120, avg_deg=4, f=6, classes=3, seed=9)
-
-
-def cli_spec(*argv) -> RunSpec:
-    return RunSpec.from_args(build_parser().parse_args(["--mode", "minibatch", *argv]))
 
 
 def rel_err(a, b) -> float:

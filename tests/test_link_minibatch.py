@@ -21,7 +21,6 @@ from gnnpar.link.decoders import summed_link_loss
 from gnnpar.link.minibatch import LinkPlan, link_minibatch_step, rank_positives
 from gnnpar.link.split import split_edges
 from gnnpar.nn.models import GNN
-from gnnpar.cli.options import build_parser
 from gnnpar.cli.spec import RunSpec
 from gnnpar.partitioners import partition_graph
 from gnnpar.partitioners.shard_build import build_shard
@@ -32,6 +31,7 @@ from gnnpar.launcher.spawn import spawn
 
 from .cli_util import run_installed
 from .graphs import random_graph
+from .test_minibatch import cli_spec
 
 
 def test_plan_visits_every_positive_once_with_its_negatives():
@@ -56,8 +56,7 @@ def test_plan_visits_every_positive_once_with_its_negatives():
 
 
 def _spec(*argv) -> RunSpec:
-    return RunSpec.from_args(build_parser().parse_args(["--task", "link", "--mode", "minibatch",
-                                                        *argv]))
+    return cli_spec("--task", "link", *argv)
 
 
 def _graph():

@@ -34,7 +34,7 @@ from gnnpar.kernels.grid import parse_grid
 
 from gnnpar.nn.custom_model import model_args_dict
 from gnnpar.cli.options import check_args
-from gnnpar.training.resume import attention_settings
+from gnnpar.training.resume import attention_settings, check_checkpoint_folder
 from gnnpar.sampling.neighbor import parse_fanouts
 from gnnpar.sampling.options import pipeline_depth
 from gnnpar.training.trainer import default_weight_decay
@@ -192,7 +192,8 @@ class RunSpec:
         """Check the parsed flags and freeze them (the device resolved, grid and fanouts
         parsed, a GAT's heads and attention dropout resolved to what the model uses, so the
         checkpoints and the saved model record the same values whether a default was
-        spelled out or left out)."""
+        spelled out or left out), then check the checkpoint folder against the run's
+        identity."""
         check_args(args)
         values = {name: getattr(args, name) for name in SECTION_OF
                   if hasattr(args, name) and name != "grid_dims"}
@@ -205,7 +206,9 @@ class RunSpec:
         values["model_args"] = tuple(model_args_dict(args.model_args).items())
         if args.fanouts is not None:
             values["fanouts"] = parse_fanouts(args.fanouts)
-        return cls.of(**values)
+        spec = cls.of(**values)
+        check_checkpoint_folder(spec)  # last: it reads the folder, against the run's identity
+        return spec
 
     def evolve(self, **flags) -> "RunSpec":
         """A new spec with ``flags`` changed (flag names, routed to their sections: the

@@ -40,7 +40,6 @@ import os
 import re
 import sys
 import warnings
-from types import SimpleNamespace
 from typing import Optional
 
 from gnnpar.datasets import InputError
@@ -281,9 +280,10 @@ def _refuse_earlier_checkpoints(base: str, folders) -> None:
 
 
 def check_checkpoint_args(args) -> None:
-    """The checkpoint flags, and the folder as far as it can be judged before the run's
-    identity is known: a path that is a file, a folder that cannot be written, a folder
-    holding files gnnpar did not write or another kind of gnnpar output (all exit 2)."""
+    """The checkpoint flags, and the folder as far as the flags alone judge it: a path that is
+    a file, a folder that cannot be written, a folder holding files gnnpar did not write or
+    another kind of gnnpar output (all exit 2). What the run's identity decides comes once
+    the spec is built (:func:`check_checkpoint_folder`)."""
     if args.resume and not args.checkpoint_dir:
         raise InputError("--resume needs --checkpoint-dir (the folder the run wrote to)")
     if args.checkpoint_every < 1:
@@ -297,17 +297,27 @@ def check_checkpoint_args(args) -> None:
     if ranks and read_claim(folder) is None and len(ranks) == len(os.listdir(folder)):
         raise InputError(f"{WHAT} {folder} was written by an older gnnpar that recorded no run "
                          "identity: its checkpoints cannot be resumed safely; give a new folder")
+    check_claimable(folder, KIND, WHAT)
+
+
+def check_checkpoint_folder(spec) -> None:
+    """The checkpoint folder against the run ``spec`` (a RunSpec, checked by
+    :func:`check_checkpoint_args`): another run's identity in its marker, as far as the flags
+    decide it (the dataset's fingerprint and the world's layout come at setup; an unset
+    ``--macrobatch`` is resolved with the device), or, without ``--resume``, checkpoints it
+    already holds (exit 2)."""
+    folder = spec.checkpoint.checkpoint_dir
+    if not folder:
+        return
     found = check_claimable(folder, KIND, WHAT)
     if found is not None and found.get("identity"):
-        # what the flags alone decide (dataset fingerprint and world layout come at setup;
-        # an unset --macrobatch is resolved with the device, in the run's spec)
         theirs = found["identity"]
-        asked = run_meta(_as_sections(args), 0, [], None)
+        asked = run_meta(spec, 0, [], None)
         mine = {k: v for k, v in as_recorded(asked, theirs).items()
                 if k not in ("world_size", "grid", "fingerprint", "macrobatch") and k in theirs}
         check_identity(folder, {"identity": {k: theirs[k] for k in mine}}, mine, WHAT)
-    if not args.resume:  # on this host's disk; every rank checks its own again at setup
-        _refuse_earlier_checkpoints(folder, ranks)
+    if not spec.checkpoint.resume:  # on this host's disk; every rank checks its own again
+        _refuse_earlier_checkpoints(folder, _rank_dirs(folder))
 
 
 def _rank_dirs(base: str):
@@ -315,13 +325,6 @@ def _rank_dirs(base: str):
         return []
     return sorted(os.path.join(base, e) for e in os.listdir(base)
                   if re.fullmatch(r"rank-\d{5,}", e) and os.path.isdir(os.path.join(base, e)))
-
-
-def _as_sections(args) -> SimpleNamespace:
-    """The parsed flags seen as a run spec's sections (every section's fields are flag names),
-    for the checks that run before the spec exists."""
-    return SimpleNamespace(**{name: args for name in ("model", "train", "link", "parallel",
-                                                      "batch")})
 
 
 def run_meta(spec, world: int, grid, fingerprint: Optional[str]) -> dict:
