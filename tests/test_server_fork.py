@@ -2,7 +2,7 @@
 the launcher's fork (not a new interpreter), its ranks run, it blocks SIGTERM as a server does,
 it leaves when its launcher leaves (it kept no copy of the pipe that tells it so), and the
 launcher's buffered output is written once; a launcher that has started a thread gets the new
-interpreter as before. A `gnnpar-train --nprocs` run forks its server so."""
+interpreter as before. (What a `gnnpar-train --nprocs` run gains: scripts/bench_server_fork.py.)"""
 import json
 import os
 import subprocess
