@@ -52,10 +52,6 @@ def readme_gin() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-#: the console scripts' functions (setup.cfg's ``console_scripts``)
-MAINS = {"gnnpar-train": "gnnpar.train", "gnnpar-partition": "gnnpar.cli.partition_cli",
-         "gnnpar-plan": "gnnpar.cli.plan_cli", "gnnpar-report": "gnnpar.cli.report",
-         "gnnpar-predict": "gnnpar.predict"}
 
 
 STATE = ("folder", "memory limit", "torch threads", "SIGTERM", "SIGINT")
@@ -81,9 +77,10 @@ def run_main(tool, *argv, cwd, env=None):
     (:func:`run_installed`). Each test that uses this runs one case through the installed
     script too, so the console script's own path stays checked."""
     import contextlib
-    import importlib
     import io
-    main = importlib.import_module(MAINS[tool]).main
+    from importlib.metadata import entry_points
+    # the function the installed script calls (setup.cfg's console_scripts)
+    main = next(e for e in entry_points(group="console_scripts") if e.name == tool).load()
     before, environ = _process_state(), dict(os.environ)
     out, err = io.StringIO(), io.StringIO()
     os.environ.update({k: str(v) for k, v in (env or {}).items()})
